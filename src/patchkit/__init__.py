@@ -1,0 +1,3 @@
+"""patchkit: anchor-asserted, fail-closed patches for vLLM, built into reproducible images."""
+
+__version__ = "0.1.0"

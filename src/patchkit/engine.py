@@ -1,0 +1,332 @@
+"""The engine: (series, source) -> Plan. Pure: it reads through the Source and writes nothing.
+
+check, apply, revert, status, diff, verify and image builds are all this one computation with
+different ends. Every anchor is asserted with its exact count against the text as the series has
+left it so far; per-patch state is read from the text itself, never from a side file.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from packaging.version import InvalidVersion, Version
+
+from .diagnostics import NearestMatch, nearest_match, occurrence_lines
+from .errors import PatchFailed
+from .model import Edit, Patch, Probe
+from .sources import Source
+from .sources.base import read_many
+
+
+class State(StrEnum):
+    APPLIED = "applied"
+    NOT_APPLIED = "not-applied"
+    PARTIAL = "partially-applied"
+    UPSTREAMED = "upstreamed"
+    BROKEN = "broken"
+    OUT_OF_RANGE = "out-of-range"
+    NOT_APPLICABLE = "not-applicable"  # the package it patches is not in the source
+
+
+ERROR_STATES = (State.BROKEN, State.PARTIAL)
+
+
+@dataclass
+class EditResult:
+    edit: Edit
+    state: str  # applied | pending | holds | broken | skipped
+    path: str | None = None  # the candidate that exists
+    found: int = 0
+    lines: list[int] = field(default_factory=list)
+    detail: str = ""
+    nearest: NearestMatch | None = None
+
+    def describe(self) -> str:
+        where = f"{self.edit.package}/{self.path}" if self.path else self.edit.package
+        return f"{self.edit.label} on {where}: {self.detail}"
+
+
+@dataclass
+class PatchResult:
+    patch: Patch
+    state: State
+    detail: str = ""
+    edits: list[EditResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.state not in ERROR_STATES
+
+    def describe(self) -> str:
+        head = f"patch {self.patch.id}: {self.state}"
+        if self.detail:
+            head += f" ({self.detail})"
+        bad = [e for e in self.edits if e.state == "broken"]
+        return "\n".join([head] + ["  " + e.describe().replace("\n", "\n  ") for e in bad])
+
+
+@dataclass(frozen=True)
+class FileChange:
+    package: str
+    path: str
+    old: bytes
+    new: bytes
+
+    def unified_diff(self) -> str:
+        name = f"{self.package}/{self.path}"
+        return "".join(
+            difflib.unified_diff(
+                self.old.decode().splitlines(keepends=True),
+                self.new.decode().splitlines(keepends=True),
+                fromfile=f"a/{name}",
+                tofile=f"b/{name}",
+            )
+        )
+
+
+@dataclass
+class Plan:
+    mode: str  # "apply" or "revert"
+    source: str
+    versions: dict[str, str]
+    results: list[PatchResult]
+    changes: list[FileChange]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def result(self, patch_id: str) -> PatchResult:
+        return next(r for r in self.results if r.patch.id == patch_id)
+
+    def diff(self) -> str:
+        return "".join(c.unified_diff() for c in self.changes)
+
+    def raise_for_errors(self) -> None:
+        failed = [r for r in self.results if not r.ok]
+        if failed:
+            detail = "\n".join(r.describe() for r in failed)
+            raise PatchFailed(f"{self.source}: {len(failed)} patch(es) cannot be {self.mode}ed:\n{detail}")
+
+
+class _Texts:
+    """The working copy of every file the series reads, decoded once, read lazily from the source."""
+
+    def __init__(self, source: Source):
+        self.source = source
+        self.original: dict[tuple[str, str], bytes | None] = {}
+        self.current: dict[tuple[str, str], str] = {}
+        self.touched_by: dict[tuple[str, str], str] = {}
+
+    def prefetch(self, patches: list[Patch], packages: dict[str, str]) -> None:
+        """Read every file the series may touch in one go: an sdist then costs one decompression."""
+        wanted: dict[str, set[str]] = {}
+        for patch in patches:
+            probes = [patch.upstreamed] if patch.upstreamed else []
+            for item in [*patch.edits, *probes]:
+                if item.package in packages:
+                    wanted.setdefault(item.package, set()).update(item.candidates)
+        for package, paths in wanted.items():
+            for path, data in read_many(self.source, package, sorted(paths)).items():
+                self.original[(package, path)] = data
+
+    def exists(self, package: str, path: str) -> bool:
+        key = (package, path)
+        if key not in self.original:
+            self.original[key] = self.source.read(package, path)
+        return self.original[key] is not None
+
+    def get(self, package: str, path: str) -> str:
+        key = (package, path)
+        if key not in self.current:
+            raw = self.original[key]
+            assert raw is not None
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise _EditError(f"file is not UTF-8 ({e}); refusing to patch it") from None
+            if "\r\n" in text:
+                raise _EditError("file has CRLF line endings; anchors are LF and patchkit will not guess")
+            self.current[key] = text
+        return self.current[key]
+
+    def set(self, package: str, path: str, text: str, patch_id: str) -> None:
+        self.current[(package, path)] = text
+        self.touched_by[(package, path)] = patch_id
+
+    def changes(self) -> list[FileChange]:
+        out = []
+        for (package, path), text in sorted(self.current.items()):
+            old = self.original[(package, path)]
+            new = text.encode("utf-8")
+            if old is not None and new != old:
+                out.append(FileChange(package, path, old, new))
+        return out
+
+
+class _EditError(Exception):
+    """An edit cannot be evaluated (file missing, ambiguous, undecodable); becomes a broken edit."""
+
+
+def plan(
+    patches: list[Patch],
+    source: Source,
+    *,
+    mode: str = "apply",
+    versions: dict[str, str] | None = None,
+) -> Plan:
+    """Evaluate a series against a source; in apply mode, pending patches are applied in memory.
+
+    In revert mode the applied patches are undone, last first. `versions` overrides the versions the
+    source reports (an image base that is a dev build states which release layout it matches).
+    """
+    if mode not in ("apply", "revert"):
+        raise ValueError(mode)
+    found_versions = dict(source.versions())
+    found_versions.update(versions or {})
+    texts = _Texts(source)
+    texts.prefetch(patches, found_versions)
+    ordered = patches if mode == "apply" else list(reversed(patches))
+    results = [_evaluate(p, texts, found_versions, mode) for p in ordered]
+    if mode == "revert":
+        results.reverse()
+    _check_syntax(texts, results)
+    return Plan(mode, source.description, found_versions, results, texts.changes() if _all_ok(results) else [])
+
+
+def _all_ok(results: list[PatchResult]) -> bool:
+    return all(r.ok for r in results)
+
+
+def _evaluate(patch: Patch, texts: _Texts, versions: dict[str, str], mode: str) -> PatchResult:
+    absent = [p for p in patch.packages if p not in versions]
+    if len(absent) == len(patch.packages):
+        return PatchResult(patch, State.NOT_APPLICABLE, f"{', '.join(absent)} not in the source")
+    for package, spec in patch.ranges.items():
+        if package in absent or package not in versions:
+            continue
+        version = versions[package]
+        try:
+            inside = spec.contains(Version(version), prereleases=True)
+        except InvalidVersion:
+            return PatchResult(patch, State.OUT_OF_RANGE, f"{package} version {version!r} is not a release number")
+        if not inside:
+            return PatchResult(patch, State.OUT_OF_RANGE, f"{package} {version} not in {spec}")
+
+    if patch.upstreamed and patch.upstreamed.package not in absent:
+        try:
+            if _probe_hits(patch.upstreamed, texts):
+                return PatchResult(patch, State.UPSTREAMED, "upstream carries the fix: drop this patch")
+        except _EditError as e:
+            return PatchResult(patch, State.BROKEN, f"upstreamed probe: {e}")
+
+    edits = [e for e in patch.edits if e.package not in absent]
+    if mode == "revert":
+        edits = list(reversed(edits))
+    staged: dict[tuple[str, str], str] = {}  # this patch's texts, committed only if the patch is whole
+    results = [_evaluate_edit(e, texts, staged, mode) for e in edits]
+    if mode == "revert":
+        results.reverse()
+    detail = f"{', '.join(absent)} not in the source: its edits unchecked" if absent else ""
+    state = _patch_state(results)
+    if state == State.PARTIAL:
+        applied = [str(r.edit.index) for r in results if r.state == "applied"]
+        pending = [str(r.edit.index) for r in results if r.state == "pending"]
+        detail = f"edits {', '.join(applied)} applied, {', '.join(pending)} not: fix by hand or revert; never completed silently"
+    wanted = State.NOT_APPLIED if mode == "apply" else State.APPLIED
+    if state == wanted:
+        for (package, path), text in staged.items():
+            texts.set(package, path, text, patch.id)
+    return PatchResult(patch, state, detail, results)
+
+
+def _patch_state(results: list[EditResult]) -> State:
+    states = {r.state for r in results if r.state != "holds"}
+    if "broken" in states:
+        return State.BROKEN
+    if not states:  # assert-only: every invariant holds
+        return State.APPLIED
+    if states == {"applied"}:
+        return State.APPLIED
+    if states == {"pending"}:
+        return State.NOT_APPLIED
+    return State.PARTIAL
+
+
+def _evaluate_edit(edit: Edit, texts: _Texts, staged: dict, mode: str) -> EditResult:
+    try:
+        path = _resolve(edit.package, edit.candidates, texts)
+        key = (edit.package, path)
+        text = staged[key] if key in staged else texts.get(*key)
+    except _EditError as e:
+        return EditResult(edit, "broken", detail=str(e))
+    n_anchor = text.count(edit.anchor)
+    if edit.action == "assert":
+        if n_anchor == edit.count:
+            return EditResult(edit, "holds", path, n_anchor, occurrence_lines(text, edit.anchor))
+        return _broken(edit, path, text, n_anchor, "invariant no longer holds")
+
+    n_applied = text.count(edit.applied_form)
+    inserts = edit.action != "replace"
+    if n_applied == edit.count and (not inserts or n_anchor == edit.count):
+        state = "applied"
+    elif n_applied == 0 and n_anchor == edit.count:
+        state = "pending"
+    elif 0 < n_applied < edit.count and inserts:
+        return EditResult(
+            edit, "broken", path, n_applied, occurrence_lines(text, edit.applied_form),
+            f"applied at {n_applied} of {edit.count} anchors: partially applied",
+        )
+    else:
+        return _broken(edit, path, text, n_anchor, "")
+
+    if mode == "apply" and state == "pending":
+        staged[key] = text.replace(edit.anchor, edit.applied_form)
+    elif mode == "revert" and state == "applied":
+        staged[key] = text.replace(edit.applied_form, edit.anchor)
+    return EditResult(edit, state, path, n_anchor, occurrence_lines(text, edit.anchor))
+
+
+def _broken(edit: Edit, path: str, text: str, found: int, why: str) -> EditResult:
+    lines = occurrence_lines(text, edit.anchor)
+    detail = f"{why + ': ' if why else ''}anchor expected {edit.count}x, found {found}x"
+    nearest = None
+    if found:
+        detail += f" at line{'s' if found > 1 else ''} {', '.join(map(str, lines))}"
+    else:
+        nearest = nearest_match(text, edit.anchor)
+        if nearest:
+            detail += "; " + nearest.describe()
+    return EditResult(edit, "broken", path, found, lines, detail, nearest)
+
+
+def _resolve(package: str, candidates: tuple[str, ...], texts: _Texts) -> str:
+    existing = [c for c in candidates if texts.exists(package, c)]
+    if len(existing) == 1:
+        return existing[0]
+    tried = ", ".join(f"{package}/{c}" for c in candidates)
+    if not existing:
+        raise _EditError(f"target file missing; tried: {tried}")
+    raise _EditError(f"ambiguous target: {len(existing)} candidates exist ({', '.join(existing)}); exactly one must")
+
+
+def _probe_hits(probe: Probe, texts: _Texts) -> bool:
+    existing = [c for c in probe.candidates if texts.exists(probe.package, c)]
+    return any(probe.contains in texts.get(probe.package, c) for c in existing)
+
+
+def _check_syntax(texts: _Texts, results: list[PatchResult]) -> None:
+    """A patched .py file that no longer parses fails the patch that last touched it."""
+    by_id = {r.patch.id: r for r in results}
+    for change in texts.changes():
+        if not change.path.endswith(".py"):
+            continue
+        try:
+            ast.parse(change.new, filename=change.path)
+        except SyntaxError as e:
+            result = by_id[texts.touched_by[(change.package, change.path)]]
+            result.state = State.BROKEN
+            result.detail = f"{change.package}/{change.path} no longer parses after this patch: line {e.lineno}: {e.msg}"

@@ -1,0 +1,82 @@
+"""Stock and patched copies of the real installed vLLM, each runnable in a fresh interpreter.
+
+The patched copy is made the way a user makes one: the vLLM package is copied (hard links: patchkit
+replaces files by rename, so the installed originals are never touched) and the default series is
+applied by patchkit itself. Probes run in subprocesses because a module imported once cannot be
+swapped for its patched twin in the same interpreter.
+
+PATCHKIT_TEST_EXCLUDE=id1,id2 leaves patches out of the patched copy: each behaviour test must then fail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from patchkit import engine
+from patchkit.model import load_patchset
+from patchkit.sources import DirectorySource
+from patchkit.tree import write_changes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class VllmTree:
+    root: Path | None  # site-packages-like dir holding vllm/; None = the interpreter's own install
+    python: str
+
+    def run(self, code: str, *, env: dict[str, str] | None = None, timeout: int = 900):
+        """Run code with this tree's vllm importable; return the JSON on its last stdout line."""
+        full_env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", **(env or {})}
+        if self.root is not None:
+            full_env["PYTHONPATH"] = os.pathsep.join([str(self.root), full_env.get("PYTHONPATH", "")])
+        proc = subprocess.run(
+            [self.python, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout,
+            cwd=self.root or REPO,
+        )
+        if proc.returncode != 0:
+            raise AssertionError(f"probe failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+        lines = [line for line in proc.stdout.splitlines() if line.strip()]
+        if not lines:
+            raise AssertionError(f"probe printed nothing; stderr:\n{proc.stderr[-4000:]}")
+        return json.loads(lines[-1])
+
+
+def _installed_vllm() -> Path:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        message = "vLLM is not installed in this interpreter (run the tests through `nox -s tests`)"
+        if os.environ.get("PATCHKIT_REQUIRE_VLLM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@pytest.fixture(scope="session")
+def stock_vllm() -> VllmTree:
+    _installed_vllm()
+    return VllmTree(root=None, python=sys.executable)
+
+
+@pytest.fixture(scope="session")
+def patched_vllm(tmp_path_factory) -> VllmTree:
+    installed = _installed_vllm()
+    site = tmp_path_factory.mktemp("patched-site")
+    shutil.copytree(installed, site / "vllm", copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__"))
+    excluded = {i for i in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(",") if i}
+    patchset = load_patchset(REPO / "patches")
+    series = [p for p in patchset.series() if p.id not in excluded]
+    source = DirectorySource(site)
+    plan = engine.plan(series, source)
+    plan.raise_for_errors()
+    write_changes(site, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
+    return VllmTree(root=site, python=sys.executable)

@@ -17,8 +17,7 @@ from packaging.version import InvalidVersion, Version
 from .diagnostics import NearestMatch, nearest_match, occurrence_lines
 from .errors import PatchFailed
 from .model import Edit, Patch, Probe
-from .sources import Source
-from .sources.base import read_many
+from .sources.base import Source, read_many
 
 
 class State(StrEnum):
@@ -193,6 +192,8 @@ def plan(
     results = [_evaluate(p, texts, found_versions, mode) for p in ordered]
     if mode == "revert":
         results.reverse()
+    else:
+        _check_readable(texts, results)
     _check_syntax(texts, results)
     return Plan(mode, source.description, found_versions, results, texts.changes() if _all_ok(results) else [])
 
@@ -316,6 +317,31 @@ def _resolve(package: str, candidates: tuple[str, ...], texts: _Texts) -> str:
 def _probe_hits(probe: Probe, texts: _Texts) -> bool:
     existing = [c for c in probe.candidates if texts.exists(probe.package, c)]
     return any(probe.contains in texts.get(probe.package, c) for c in existing)
+
+
+def _check_readable(texts: _Texts, results: list[PatchResult]) -> None:
+    """Each patch's applied text must survive the patches after it, or its state could not be read back.
+
+    A later edit that rewrites an earlier edit's text makes the series irreversible from the text alone,
+    so that pairing is refused (merge the two patches, or anchor the later one elsewhere).
+    """
+    for result in results:
+        if result.state not in (State.APPLIED, State.NOT_APPLIED):
+            continue
+        for e in result.edits:
+            if e.state not in ("applied", "pending", "holds"):
+                continue
+            form = e.edit.applied_form
+            final = texts.get(e.edit.package, e.path)
+            if final.count(form) != e.edit.count:
+                later = texts.touched_by.get((e.edit.package, e.path), "a later patch")
+                e.state = "broken"
+                e.detail = (
+                    f"patch {later} rewrites the text of this edit (expected it {e.edit.count}x in the final "
+                    f"file, found {final.count(form)}x): its state could not be read back; merge the patches "
+                    "or anchor elsewhere"
+                )
+                result.state = State.BROKEN
 
 
 def _check_syntax(texts: _Texts, results: list[PatchResult]) -> None:

@@ -23,7 +23,7 @@ import pytest
 
 from patchkit import engine
 from patchkit.model import load_patchset
-from patchkit.sources import DirectorySource
+from patchkit.sources.directory import DirectorySource
 from patchkit.tree import write_changes
 
 REPO = Path(__file__).resolve().parents[2]

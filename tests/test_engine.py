@@ -1,0 +1,224 @@
+"""Every engine rule, on real files in real package trees."""
+
+from __future__ import annotations
+
+import pytest
+
+from builders import snapshot, write_package, write_patchset
+from patchkit import engine
+from patchkit.engine import State
+from patchkit.model import load_patchset
+from patchkit.sources.directory import DirectorySource
+from patchkit.tree import write_changes
+
+MODEL = "def f(x):\n    y = x + 1\n    return y\n\n\ndef g():\n    return 2\n"
+
+
+def setup(tmp_path, files, patches, order=None, version="0.33.0", **kw):
+    root = write_package(tmp_path / "site", files, version=version)
+    patchset = load_patchset(write_patchset(tmp_path / "patches", patches, order, **kw))
+    return root, patchset
+
+
+def apply(root, patchset, ids=None):
+    source = DirectorySource(root)
+    plan = engine.plan(patchset.series(ids), source)
+    if plan.ok:
+        write_changes(root, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
+    return plan
+
+
+def revert(root, patchset, ids=None):
+    source = DirectorySource(root)
+    plan = engine.plan(patchset.series(ids), source, mode="revert")
+    if plan.ok:
+        write_changes(root, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
+    return plan
+
+
+def edit(action, anchor, text="", **kw):
+    d = {"file": "m.py", "action": action, "anchor": anchor, **kw}
+    if text:
+        d["text"] = text
+    return d
+
+
+@pytest.mark.parametrize(
+    "action,anchor,text,expected",
+    [
+        ("replace", "x + 1", "x + 2", "    y = x + 2\n"),
+        ("insert_before", "    return y\n", "    y *= 3\n", "    y *= 3\n    return y\n"),
+        ("insert_after", "    y = x + 1\n", "    y -= 1\n", "    y = x + 1\n    y -= 1\n"),
+    ],
+)
+def test_each_action_applies_reports_and_reverts(tmp_path, action, anchor, text, expected):
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit(action, anchor, text)]})
+    before = snapshot(root)
+    plan = apply(root, ps)
+    assert plan.ok and plan.result("p").state == State.NOT_APPLIED
+    patched = (root / "vllm/m.py").read_text()
+    assert expected in patched
+    status = engine.plan(ps.series(), DirectorySource(root))
+    assert status.result("p").state == State.APPLIED and status.changes == []
+    assert revert(root, ps).result("p").state == State.APPLIED
+    assert snapshot(root) == before
+
+
+def test_assert_edit_checks_and_changes_nothing(tmp_path):
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"inv": [edit("assert", "return 2")]})
+    plan = apply(root, ps)
+    assert plan.result("inv").state == State.APPLIED and plan.changes == []
+    (root / "vllm/m.py").write_text(MODEL.replace("return 2", "return 3"))
+    plan = engine.plan(ps.series(), DirectorySource(root))
+    assert plan.result("inv").state == State.BROKEN
+    assert "invariant no longer holds" in plan.result("inv").edits[0].detail
+
+
+def test_missing_anchor_names_nearest_match_with_line(tmp_path):
+    drifted = MODEL.replace("    y = x + 1\n", "    y = x + 10\n")
+    root, ps = setup(tmp_path, {"m.py": drifted}, {"p": [edit("replace", "    y = x + 1\n", "    y = x + 2\n")]})
+    before = snapshot(root)
+    plan = apply(root, ps)
+    result = plan.result("p")
+    assert result.state == State.BROKEN and not plan.ok and plan.changes == []
+    e = result.edits[0]
+    assert e.found == 0 and e.nearest is not None and e.nearest.line == 2
+    assert e.nearest.similarity > 0.8
+    assert "-    y = x + 1" in e.nearest.diff and "+    y = x + 10" in e.nearest.diff
+    message = str(pytest.raises(Exception, plan.raise_for_errors).value)
+    for fragment in ("patch p", "edit 1 (replace)", "vllm/m.py", "expected 1x, found 0x", "line 2"):
+        assert fragment in message
+    assert snapshot(root) == before
+
+
+def test_anchor_found_twice_reports_both_lines(tmp_path):
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "return", "yield")]})
+    plan = apply(root, ps)
+    e = plan.result("p").edits[0]
+    assert plan.result("p").state == State.BROKEN
+    assert (e.found, e.lines) == (2, [3, 7])
+    assert "expected 1x, found 2x at lines 3, 7" in e.detail
+
+
+def test_count_two_applies_to_both(tmp_path):
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "return", "return  ", count=2)]})
+    assert apply(root, ps).ok
+    assert (root / "vllm/m.py").read_text().count("return  ") == 2
+
+
+def test_partially_applied_patch_is_reported_never_completed(tmp_path):
+    edits = [edit("replace", "x + 1", "x + 5"), edit("replace", "return 2", "return 4")]
+    half = MODEL.replace("x + 1", "x + 5")
+    root, ps = setup(tmp_path, {"m.py": half}, {"p": edits})
+    before = snapshot(root)
+    plan = apply(root, ps)
+    assert plan.result("p").state == State.PARTIAL and not plan.ok
+    assert "edits 1 applied, 2 not" in plan.result("p").detail
+    assert snapshot(root) == before
+
+
+def test_all_or_nothing_when_a_later_patch_breaks(tmp_path):
+    patches = {"good": [edit("replace", "x + 1", "x + 5")], "bad": [edit("replace", "not there", "z")]}
+    root, ps = setup(tmp_path, {"m.py": MODEL}, patches)
+    before = snapshot(root)
+    plan = apply(root, ps)
+    assert plan.result("good").state == State.NOT_APPLIED and plan.result("bad").state == State.BROKEN
+    assert plan.changes == [] and snapshot(root) == before
+
+
+def test_later_patch_anchors_on_text_left_by_earlier(tmp_path):
+    patches = {
+        "first": [edit("replace", "x + 1", "x + LATER")],
+        "second": [edit("insert_after", "x + LATER", "  # seven")],
+    }
+    root, ps = setup(tmp_path, {"m.py": MODEL}, patches)
+    assert apply(root, ps).ok
+    assert "x + LATER  # seven" in (root / "vllm/m.py").read_text()
+    assert engine.plan(ps.series(), DirectorySource(root)).ok  # status of the applied tree reads back
+    assert revert(root, ps).ok
+    assert (root / "vllm/m.py").read_text() == MODEL
+
+
+def test_later_patch_rewriting_an_earlier_ones_text_is_refused(tmp_path):
+    patches = {"first": [edit("replace", "x + 1", "x + LATER")], "second": [edit("replace", "x + LATER", "x + 7")]}
+    root, ps = setup(tmp_path, {"m.py": MODEL}, patches)
+    before = snapshot(root)
+    plan = apply(root, ps)
+    assert plan.result("first").state == State.BROKEN and plan.changes == []
+    assert "patch second rewrites the text of this edit" in plan.result("first").edits[0].detail
+    assert snapshot(root) == before
+
+
+def test_candidate_paths_exactly_one_must_exist(tmp_path):
+    cand = {"files": ["nvidia/model.py", "common/model.py"], "action": "replace", "anchor": "x + 1", "text": "x + 2"}
+    root, ps = setup(tmp_path, {"common/model.py": MODEL}, {"p": [cand]})
+    assert apply(root, ps).ok and "x + 2" in (root / "vllm/common/model.py").read_text()
+
+    root, ps = setup(tmp_path / "none", {"other.py": MODEL}, {"p": [cand]})
+    detail = apply(root, ps).result("p").edits[0].detail
+    assert "target file missing; tried: vllm/nvidia/model.py, vllm/common/model.py" in detail
+
+    root, ps = setup(tmp_path / "both", {"nvidia/model.py": MODEL, "common/model.py": MODEL}, {"p": [cand]})
+    plan = apply(root, ps)
+    assert plan.result("p").state == State.BROKEN and "ambiguous target" in plan.result("p").edits[0].detail
+
+
+def test_upstreamed_probe_reports_and_skips(tmp_path):
+    probe = {"file": "m.py", "contains": "return 2"}
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "x + 1", "x + 2")]}, p={"upstreamed": probe})
+    plan = apply(root, ps)
+    assert plan.result("p").state == State.UPSTREAMED and plan.ok and plan.changes == []
+
+
+def test_out_of_range_and_not_applicable(tmp_path):
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "x + 1", "x + 2")]}, version="0.29.0",
+                     p={"vllm": ">=0.30"})
+    plan = apply(root, ps)
+    assert plan.result("p").state == State.OUT_OF_RANGE and "0.29.0 not in >=0.30" in plan.result("p").detail
+    fi = {"package": "flashinfer", "file": "m.py", "action": "replace", "anchor": "a", "text": "b"}
+    root, ps = setup(tmp_path / "fi", {"m.py": MODEL}, {"q": [fi]}, q={"packages": {"flashinfer": ">=0.7"}})
+    plan = apply(root, ps)
+    assert plan.result("q").state == State.NOT_APPLICABLE and plan.ok
+
+
+def test_assumed_version_overrides_a_dev_build(tmp_path):
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "x + 1", "x + 2")]},
+                     version="0.1.dev20051+g487ecf187", p={"vllm": ">=0.30"})
+    assert engine.plan(ps.series(), DirectorySource(root)).result("p").state == State.OUT_OF_RANGE
+    plan = engine.plan(ps.series(), DirectorySource(root), versions={"vllm": "0.30.0"})
+    assert plan.result("p").state == State.NOT_APPLIED
+
+
+def test_result_that_does_not_parse_fails_the_patch(tmp_path):
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "    y = x + 1\n", "    y = (x + 1\n")]})
+    before = snapshot(root)
+    plan = apply(root, ps)
+    assert plan.result("p").state == State.BROKEN and "no longer parses" in plan.result("p").detail
+    assert snapshot(root) == before
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [(b"\xff\xfe bad bytes x + 1", "not UTF-8"), (MODEL.replace("\n", "\r\n").encode(), "CRLF")],
+)
+def test_undecodable_or_crlf_target_is_a_clear_error(tmp_path, content, needle):
+    root, ps = setup(tmp_path, {"m.py": content}, {"p": [edit("replace", "x + 1", "x + 2")]})
+    before = snapshot(root)
+    plan = apply(root, ps)
+    assert plan.result("p").state == State.BROKEN and needle in plan.result("p").edits[0].detail
+    assert snapshot(root) == before
+
+
+def test_apply_twice_changes_nothing_the_second_time(tmp_path):
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("insert_after", "    y = x + 1\n", "    y -= 1\n")]})
+    apply(root, ps)
+    once = snapshot(root)
+    plan = apply(root, ps)
+    assert plan.ok and plan.changes == [] and snapshot(root) == once
+
+
+def test_diff_is_a_unified_diff_against_the_source(tmp_path):
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "x + 1", "x + 2")]})
+    diff = engine.plan(ps.series(), DirectorySource(root)).diff()
+    assert diff.startswith("--- a/vllm/m.py\n+++ b/vllm/m.py\n")
+    assert "-    y = x + 1\n+    y = x + 2\n" in diff

@@ -172,7 +172,8 @@ def texts_and_edits(draw):
     edits = []
     for i, idx in enumerate(sorted(picks)):
         action = draw(st.sampled_from(["replace", "insert_before", "insert_after"]))
-        marker = f"PATCHED_{i}_{action}\n"  # unique, so no edit's text can hold another's anchor
+        # Upper-case markers share no character with the lower-case lines: no text can hold an anchor.
+        marker = f"PATCHED {i} {action.upper()}\n"
         edits.append({"file": "gen.txt", "action": action, "anchor": lines[idx], "text": marker})
     return "".join(lines), edits
 

@@ -1,0 +1,77 @@
+"""Sessions: tests, verify, bench, and build-<variant> for every image in images/.
+
+The test environment is the real vLLM 0.33.0 on a CPU machine. It lives in the user cache directory
+(not .nox/ in the checkout) so a clean clone in CI reuses it; see requirements/vllm-test.txt for why it
+is the torch 2.14.1 build with vLLM's wheel installed without its CUDA-only dependencies.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CACHE = Path(os.environ.get("PATCHKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "patchkit")
+VLLM_PIN = "vllm==0.33.0"
+
+nox.options.envdir = str(CACHE / "nox")
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["tests"]
+
+
+def install_vllm_env(session: nox.Session) -> None:
+    """vLLM's pure-Python dependencies, then vLLM itself without its CUDA-only kernel packages."""
+    session.install("-r", str(ROOT / "requirements" / "vllm-test.txt"))
+    session.install("--no-deps", VLLM_PIN)
+    session.install("-e", f"{ROOT}[test]")
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """The whole suite against real vLLM sources and a real local OCI registry."""
+    install_vllm_env(session)
+    session.env["PATCHKIT_REQUIRE_VLLM"] = "1"
+    session.run("pytest", *(session.posargs or ["-q"]))
+
+
+@nox.session(python="3.11")
+def verify(session: nox.Session) -> None:
+    """The patch set against the pinned release and every newer vLLM release on the index."""
+    session.install("-e", str(ROOT))
+    session.run("patchkit", "verify", *session.posargs)
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Benchmarks as ratios against the obvious alternative, in one run."""
+    session.install("-e", f"{ROOT}[test]")
+    session.run("python", str(ROOT / "tests" / "bench.py"), *session.posargs)
+
+
+def _variant_name(image_dir: Path) -> str:
+    """The checkpoint variant an image serves (images/<name>/variant.toml), e.g. 4p67, lab, libertai."""
+    variant = image_dir / "variant.toml"
+    if variant.exists():
+        with variant.open("rb") as f:
+            return tomllib.load(f).get("name", image_dir.name)
+    return image_dir.name
+
+
+def _image_sessions() -> None:
+    """`nox -s build-4p67` and friends: one session per images/<name>/, by variant and by image name."""
+    for image_toml in sorted((ROOT / "images").glob("*/image.toml")):
+        name = image_toml.parent.name
+        for session_name in dict.fromkeys([f"build-{_variant_name(image_toml.parent)}", f"build-{name}"]):
+
+            def build(session: nox.Session, image: str = name) -> None:
+                session.install("-e", str(ROOT))
+                session.run("patchkit", "build", image, *session.posargs)
+
+            build.__doc__ = f"Daemonless linux/arm64 build of {name} (pass --base, --push, --output after --)."
+            nox.session(name=session_name, python="3.11")(build)
+
+
+_image_sessions()

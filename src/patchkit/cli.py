@@ -40,9 +40,11 @@ def load_series(patches_dir: Path, series: str | None) -> tuple[PatchSet, list]:
         return patchset, patchset.series()
     from .images import load_images  # images depend on the patch model, not the other way round
 
-    images = load_images(default_dir("images", "PATCHKIT_IMAGES"), patchset)
-    if series not in images:
-        raise PatchkitError(f"unknown series {series!r}: use 'full' or an image name ({', '.join(sorted(images))})")
+    images_dir = default_dir("images", "PATCHKIT_IMAGES")
+    if not (images_dir / series / "image.toml").is_file():
+        names = sorted(p.parent.name for p in images_dir.glob("*/image.toml"))
+        raise PatchkitError(f"unknown series {series!r}: use 'full' or an image name ({', '.join(names) or 'none'})")
+    images = load_images(images_dir, patchset)
     return patchset, patchset.series(images[series].series)
 
 
@@ -228,6 +230,21 @@ def status(target, patches_dir, series, assumed, as_json):
     plan = engine.plan(patches, source, versions=parse_assumed(assumed))
     emit(as_json, report.plan_to_dict(plan) | {"changes": []}, report.plan_table(plan))
     sys.exit(0 if plan.ok else 1)
+
+
+@main.command()
+@patches_option
+@click.option("--write", is_flag=True, help="Rewrite UPSTREAM.md beside the patches folder.")
+def upstream(patches_dir, write):
+    """UPSTREAM.md from the patch metadata (printed, or written with --write)."""
+    from .upstream import render
+
+    patches_dir = patches_dir or default_dir("patches", "PATCHKIT_PATCHES")
+    text = render(load_patchset(patches_dir))
+    if write:
+        (patches_dir.parent / "UPSTREAM.md").write_text(text)
+    else:
+        click.echo(text, nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -237,6 +237,8 @@ def _evaluate(patch: Patch, texts: _Texts, versions: dict[str, str], mode: str) 
         applied = [str(r.edit.index) for r in results if r.state == "applied"]
         pending = [str(r.edit.index) for r in results if r.state == "pending"]
         detail = f"edits {', '.join(applied)} applied, {', '.join(pending)} not: fix by hand or revert; never completed silently"
+    if state == State.APPLIED and all(r.state == "holds" for r in results) and not detail:
+        detail = "assert-only: every invariant holds"
     wanted = State.NOT_APPLIED if mode == "apply" else State.APPLIED
     if state == wanted:
         for (package, path), text in staged.items():

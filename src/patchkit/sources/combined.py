@@ -1,0 +1,42 @@
+"""Several sources seen as one (vLLM from one place, FlashInfer from another)."""
+
+from __future__ import annotations
+
+from patchkit.errors import PatchkitError
+from patchkit.sources.base import Source, check_package, read_many, relative_path
+
+
+class CombinedSource:
+    def __init__(self, sources: list[Source]):
+        self._by_package: dict[str, Source] = {}
+        for source in sources:
+            for package in source.versions():
+                if package in self._by_package:
+                    raise PatchkitError(
+                        f"package {package} is in two sources: {self._by_package[package].description} "
+                        f"and {source.description}; give it once"
+                    )
+                self._by_package[package] = source
+        self.sources = list(sources)
+        self.description = " + ".join(source.description for source in sources)
+
+    def versions(self) -> dict[str, str]:
+        return {package: source.versions()[package] for package, source in self._by_package.items()}
+
+    def read(self, package: str, path: str) -> bytes | None:
+        return self.read_many(package, [path])[path]
+
+    def read_many(self, package: str, paths: list[str]) -> dict[str, bytes | None]:
+        check_package(package)
+        source = self._by_package.get(package)
+        if source is None:
+            for path in paths:
+                relative_path(path)  # a bad path is an error whether or not the package is here
+            return dict.fromkeys(paths)
+        return read_many(source, package, paths)
+
+
+def combine_sources(sources: list[Source]) -> Source:
+    if not sources:
+        raise PatchkitError("no source given")
+    return sources[0] if len(sources) == 1 else CombinedSource(sources)

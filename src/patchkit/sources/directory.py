@@ -1,0 +1,118 @@
+"""A source that is a directory on disk: a git checkout, a package directory, or a site-packages.
+
+Package roots are found (`<pkg>/__init__.py`), never assumed, and resolved, so `package_root()` gives
+the writer the real directory even when site-packages links elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from patchkit.errors import PatchkitError
+from patchkit.sources.base import DISTRIBUTIONS, PACKAGES, check_package, find_package_root, relative_path
+from patchkit.sources.metadata import core_metadata, same_distribution, static_project_version, version_py
+
+
+class DirectorySource:
+    def __init__(self, root: str | os.PathLike[str]):
+        given = Path(root).expanduser()
+        if not given.is_dir():
+            what = "is not a directory" if given.exists() else "does not exist"
+            raise PatchkitError(f"source directory {given} {what}")
+        self.root = given.resolve()
+        self._roots = {package: found for package in PACKAGES if (found := self._find(package)) is not None}
+        if not self._roots:
+            looked_for = ", ".join(f"{package}/__init__.py" for package in PACKAGES)
+            raise PatchkitError(
+                f"no package found in {self.root}: looked for {looked_for} (point at a checkout, "
+                "a package directory or a site-packages)"
+            )
+        self._versions = {package: self._detect_version(package, found) for package, found in self._roots.items()}
+        packages = ", ".join(f"{package} {version}" for package, version in self._versions.items())
+        self.description = f"{packages} directory {self.root}"
+
+    def versions(self) -> dict[str, str]:
+        return dict(self._versions)
+
+    def package_root(self, package: str) -> Path:
+        """The real directory of `package`, for writing."""
+        check_package(package)
+        if package not in self._roots:
+            raise PatchkitError(f"package {package!r} is not in {self.root}")
+        return self._roots[package]
+
+    def read(self, package: str, path: str) -> bytes | None:
+        check_package(package)
+        relative = relative_path(path)
+        root = self._roots.get(package)
+        if root is None:
+            return None
+        try:
+            real = (root / relative).resolve()
+        except (OSError, RuntimeError) as error:  # a symlink loop
+            raise PatchkitError(f"cannot resolve {package}/{relative} under {root}: {error}") from error
+        if not real.is_relative_to(root):
+            raise PatchkitError(f"{package}/{relative} resolves to {real}, outside the package root {root}")
+        if not real.exists():
+            return None
+        if not real.is_file():
+            raise PatchkitError(f"{package}/{relative} is not a regular file ({real})")
+        try:
+            return real.read_bytes()
+        except OSError as error:
+            raise PatchkitError(f"cannot read {real}: {error.strerror}") from error
+
+    def read_many(self, package: str, paths: list[str]) -> dict[str, bytes | None]:
+        return {path: self.read(package, path) for path in paths}
+
+    def _find(self, package: str) -> Path | None:
+        if self.root.name == package and (self.root / "__init__.py").is_file():
+            return self.root
+        found = find_package_root(package, lambda relative: (self.root / relative).is_file())
+        return (self.root / found).resolve() if found is not None else None
+
+    @staticmethod
+    def _detect_version(package: str, root: Path) -> str:
+        """dist-info METADATA, else `_version.py`, else PKG-INFO, else a static pyproject/setup.cfg version."""
+        dist = DISTRIBUTIONS[package]
+        dist_infos = [
+            found
+            for found in root.parent.glob("*.dist-info")
+            if canonicalize_name(found.name.removesuffix(".dist-info").split("-")[0]) == canonicalize_name(dist)
+        ]
+        if len(dist_infos) > 1:
+            names = ", ".join(sorted(found.name for found in dist_infos))
+            raise PatchkitError(
+                f"several installed versions of {dist} in {root.parent} ({names}): remove the stale ones"
+            )
+        if dist_infos:
+            metadata = dist_infos[0] / "METADATA"
+            if not metadata.is_file():
+                raise PatchkitError(f"{dist_infos[0]} has no METADATA file: the installation is broken")
+            _, version = core_metadata(metadata.read_bytes())
+            if version is None:
+                raise PatchkitError(f"{metadata} states no Version")
+            return version
+        version_file = root / "_version.py"
+        if version_file.is_file() and (version := version_py(version_file.read_bytes())):
+            return version
+        # A src layout keeps the project files one level further up.
+        for project_dir in [root.parent] + ([root.parent.parent] if root.parent.name == "src" else []):
+            pkg_info = project_dir / "PKG-INFO"
+            if pkg_info.is_file():
+                name, version = core_metadata(pkg_info.read_bytes())
+                if version and same_distribution(name, dist):
+                    return version
+            version = static_project_version(
+                _maybe_read(project_dir / "pyproject.toml"), _maybe_read(project_dir / "setup.cfg"), dist
+            )
+            if version:
+                return version
+        return "unknown"
+
+
+def _maybe_read(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None

@@ -1,0 +1,46 @@
+"""A released version from the package index, read from its archive in the cache (downloaded once)."""
+
+from __future__ import annotations
+
+import functools
+
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from patchkit.errors import PatchkitError
+from patchkit.sources.base import DISTRIBUTIONS
+from patchkit.sources.cache import SdistCache
+from patchkit.sources.index import choose_archive, download
+from patchkit.sources.metadata import same_distribution, same_version
+from patchkit.sources.sdist import SdistSource
+from patchkit.sources.wheel import WheelSource
+
+
+def open_release(dist: str, version: str, *, cache: SdistCache, progress: bool = True) -> SdistSource | WheelSource:
+    """The cached archive when it was downloaded and verified before (no network), else a download."""
+    package = next((p for p, d in DISTRIBUTIONS.items() if same_distribution(d, dist)), None)
+    if package is None:
+        raise PatchkitError(f"unknown distribution {dist!r}: patchkit knows {', '.join(DISTRIBUTIONS.values())}")
+    cached = cache.lookup(dist, version)
+    if cached is None:
+        file = choose_archive(dist, version)
+        with cache.new_archive(dist, version, file.filename, file.url, file.sha256) as out:
+            download(file, out, progress=progress)
+        cached = cache.lookup(dist, version)
+        if cached is None:
+            raise PatchkitError(f"{file.filename} vanished from the cache {cache.downloads} right after its download")
+    origin = f"index, sha256 {cached.sha256[:12]}"
+    discard = functools.partial(cache.forget, dist, version, cached.path)  # if found corrupt
+    if cached.path.name.endswith(".whl"):
+        source: SdistSource | WheelSource = WheelSource(
+            cached.path, origin=f"{cached.path.name}, {origin}", discard=discard
+        )
+    else:
+        key = f"{canonicalize_name(dist)}-{Version(version)}-{cached.sha256[:16]}"
+        source = SdistSource(
+            cached.path, dist=dist, version=version, origin=origin, files=cache.files, key=key, discard=discard
+        )
+    found = source.versions().get(package)
+    if found is None or not same_version(found, version):
+        raise PatchkitError(f"{cached.path} does not hold {package} {version} (found {source.versions()})")
+    return source

@@ -1,0 +1,67 @@
+"""A source distribution (.tar.gz): the packages under its single top-level directory, versioned by the
+`PKG-INFO` there."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from patchkit.errors import PatchkitError
+from patchkit.sources.archives import ArchiveSource, TarGzArchive
+from patchkit.sources.base import PACKAGES
+from patchkit.sources.cache import FileCache
+from patchkit.sources.metadata import core_metadata, same_distribution, same_version
+
+
+def _in_package_dirs(name: str) -> bool:
+    """Members worth holding after a pass: metadata and everything under `<top>/[src/]<package>/`."""
+    parts = name.split("/")
+    if parts[1:] == ["PKG-INFO"]:
+        return True
+    if len(parts) > 2 and parts[1] == "src":
+        parts = parts[1:]
+    return len(parts) > 2 and parts[1] in PACKAGES
+
+
+class SdistSource(ArchiveSource):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        dist: str | None = None,
+        version: str | None = None,
+        origin: str | None = None,
+        files: FileCache | None = None,
+        key: str | None = None,
+        discard: Callable[[], None] | None = None,
+    ):
+        """`dist`/`version`, when given, must match what PKG-INFO says; `files`/`key` cache members on disk."""
+        path = Path(path)
+        if not path.is_file():
+            raise PatchkitError(f"sdist {path} does not exist")
+        archive = TarGzArchive(path, keep=_in_package_dirs, files=files, key=key, discard=discard)
+        tops = sorted(
+            {
+                name.split("/")[0]
+                for name, kind in archive.listing().items()
+                if name.count("/") == 1 and name.endswith("/PKG-INFO") and kind == "file"
+            }
+        )
+        if len(tops) != 1:
+            raise PatchkitError(
+                f"{path} is not an sdist: expected one top-level directory with a PKG-INFO, found {tops or 'none'}"
+            )
+        super().__init__(archive, prefix=f"{tops[0]}/")
+        name, stated = core_metadata(self._member(f"{tops[0]}/PKG-INFO"))
+        if stated is None:
+            raise PatchkitError(f"{path}: {tops[0]}/PKG-INFO states no Version")
+        if dist is not None and not same_distribution(name, dist):
+            raise PatchkitError(f"{path} is an sdist of {name!r}, not of {dist!r}")
+        if version is not None and not same_version(stated, version):
+            raise PatchkitError(f"{path}: PKG-INFO says version {stated}, but {version} was asked for")
+        self._versions = dict.fromkeys(self._roots, stated)
+        packages = ", ".join(f"{package} {stated}" for package in self._roots)
+        self.description = f"{packages} sdist ({origin or path})"
+
+    def versions(self) -> dict[str, str]:
+        return dict(self._versions)

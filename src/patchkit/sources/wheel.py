@@ -1,0 +1,43 @@
+"""A wheel (.whl): the packages at its top level, versioned by its single `*.dist-info/METADATA`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from patchkit.errors import PatchkitError
+from patchkit.sources.archives import ArchiveSource, ZipArchive
+from patchkit.sources.metadata import core_metadata, same_distribution, same_version
+
+
+class WheelSource(ArchiveSource):
+    def __init__(self, path: str | Path, *, origin: str | None = None, discard: Callable[[], None] | None = None):
+        """The file name, the METADATA and (for index downloads) the asked-for version must all agree."""
+        path = Path(path)
+        if not path.is_file():
+            raise PatchkitError(f"wheel {path} does not exist")
+        try:
+            name, version, _, _ = parse_wheel_filename(path.name)
+        except InvalidWheelFilename as error:
+            raise PatchkitError(f"{path.name} is not a wheel file name ({error})") from error
+        archive = ZipArchive(path, discard=discard)
+        dist_infos = sorted({n.split("/")[0] for n in archive.listing() if n.split("/")[0].endswith(".dist-info")})
+        if len(dist_infos) != 1:
+            raise PatchkitError(
+                f"{path} is not a wheel: expected one *.dist-info directory, found {dist_infos or 'none'}"
+            )
+        super().__init__(archive, prefix="")
+        metadata = self._member(f"{dist_infos[0]}/METADATA")
+        if metadata is None:
+            raise PatchkitError(f"{path} has no {dist_infos[0]}/METADATA")
+        stated_name, stated = core_metadata(metadata)
+        if not same_distribution(stated_name, name) or stated is None or not same_version(stated, str(version)):
+            raise PatchkitError(f"{path}: METADATA says {stated_name} {stated}, the file name says {name} {version}")
+        self._versions = dict.fromkeys(self._roots, stated)
+        packages = ", ".join(f"{package} {stated}" for package in self._roots)
+        self.description = f"{packages} wheel ({origin or path})"
+
+    def versions(self) -> dict[str, str]:
+        return dict(self._versions)

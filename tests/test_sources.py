@@ -1,0 +1,636 @@
+"""patchkit.sources against real things: directories, git repositories built with gitpython, sdists and
+wheels built here, a real HTTP index on 127.0.0.1 (with faults injected), and, marked `network`, the
+real vLLM 0.33.0 sdist from the Python package index."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import http.server
+import io
+import json
+import socket
+import tarfile
+import threading
+import zipfile
+from pathlib import Path
+
+import git
+import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from patchkit.errors import PatchkitError
+from patchkit.sources import (
+    DirectorySource,
+    FileCache,
+    GitSource,
+    SdistCache,
+    SdistSource,
+    WheelSource,
+    combine_sources,
+    discover_releases,
+    open_source,
+    read_many,
+)
+from patchkit.sources.base import relative_path
+
+VLLM_FILES = {
+    "__init__.py": b"from vllm.version import __version__\n",
+    "config/model.py": b"class ModelConfig:\n    max_len = 4096\n",
+    "models/glm5next/common/model.py": b"def forward(x):\n    return x\n",
+}
+
+
+# --- builders -------------------------------------------------------------------------------------
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+def tar_gz(members: dict[str, bytes], symlinks: dict[str, str] | None = None) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+        for name, target in (symlinks or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            archive.addfile(info)
+    return buffer.getvalue()
+
+
+def sdist_bytes(
+    dist: str,
+    version: str,
+    files: dict[str, bytes] = VLLM_FILES,
+    *,
+    package: str = "vllm",
+    stated_version: str | None = None,
+) -> bytes:
+    top = f"{dist.replace('-', '_')}-{version}"
+    pkg_info = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {stated_version or version}\n\n".encode()
+    members = {f"{top}/PKG-INFO": pkg_info, f"{top}/setup.py": b"", f"{top}/csrc/kernel.cu": b"// cuda\n"}
+    members |= {f"{top}/{package}/{name}": data for name, data in files.items()}
+    return tar_gz(members)
+
+
+def wheel_bytes(
+    dist: str,
+    version: str,
+    files: dict[str, bytes] = VLLM_FILES,
+    *,
+    package: str = "vllm",
+    stated_version: str | None = None,
+) -> bytes:
+    buffer = io.BytesIO()
+    dist_info = f"{dist.replace('-', '_')}-{version}.dist-info"
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(f"{package}/{name}", data)
+        archive.writestr(
+            f"{dist_info}/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: {stated_version or version}\n"
+        )
+        archive.writestr(f"{dist_info}/WHEEL", "Wheel-Version: 1.0\n")
+    return buffer.getvalue()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+ME = git.Actor("patchkit tests", "tests@patchkit.invalid")
+
+
+def commit(repo: git.Repo, files: dict[str, bytes], message: str = "change") -> git.Commit:
+    root = Path(repo.working_tree_dir)
+    write_tree(root, files)
+    repo.index.add(list(files))
+    return repo.index.commit(message, author=ME, committer=ME)
+
+
+@pytest.fixture
+def vllm_repo(tmp_path: Path) -> git.Repo:
+    """main: v0.33.0 tag, then two more commits."""
+    repo = git.Repo.init(tmp_path / "vllm-repo", initial_branch="main")
+    commit(repo, {f"vllm/{name}": data for name, data in VLLM_FILES.items()} | {"setup.py": b""}, "release")
+    repo.create_tag("v0.33.0")
+    commit(repo, {"vllm/config/model.py": b"class ModelConfig:\n    max_len = 8192\n"})
+    commit(repo, {"README.md": b"docs\n"})
+    return repo
+
+
+# --- a real package index on 127.0.0.1 ------------------------------------------------------------
+
+
+class FakeIndex:
+    """JSON simple API + files, with faults: "truncate" (close mid-body), "http500"."""
+
+    def __init__(self) -> None:
+        self.projects: dict[str, list[dict]] = {}
+        self.bodies: dict[str, bytes] = {}
+        self.faults: dict[str, str] = {}
+        self.requests: list[str] = []
+        self.content_type = "application/vnd.pypi.simple.v1+json"
+        index = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                index.requests.append(self.path)
+                parts = self.path.strip("/").split("/")
+                if parts[0] == "simple" and len(parts) == 2 and parts[1] in index.projects:
+                    body = json.dumps(
+                        {"meta": {"api-version": "1.1"}, "name": parts[1], "files": index.projects[parts[1]]}
+                    )
+                    return self.reply(body.encode(), index.content_type)
+                if parts[0] == "files" and len(parts) == 2 and parts[1] in index.bodies:
+                    body, fault = index.bodies[parts[1]], index.faults.get(parts[1])
+                    if fault == "http500":
+                        return self.send_error(500)
+                    if fault == "truncate":
+                        self.close_connection = True
+                        return self.reply(body, "application/octet-stream", send=len(body) // 2)
+                    return self.reply(body, "application/octet-stream")
+                return self.send_error(404)
+
+            def reply(self, body: bytes, content_type: str, send: int | None = None) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[:send])
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/simple"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def add(
+        self, dist: str, filename: str, body: bytes, *, listed_sha256: str | None = None, yanked: bool = False
+    ) -> None:
+        self.bodies[filename] = body
+        self.projects.setdefault(dist, []).append(
+            {
+                "filename": filename,
+                "url": f"../../files/{filename}",  # relative to the project page, as indexes may answer
+                "hashes": {"sha256": listed_sha256 or sha256(body)},
+                "size": len(body),
+                "yanked": yanked,
+            }
+        )
+
+    def file_requests(self) -> list[str]:
+        return [path for path in self.requests if path.startswith("/files/")]
+
+
+@pytest.fixture
+def index(monkeypatch: pytest.MonkeyPatch) -> FakeIndex:
+    fake = FakeIndex()
+    monkeypatch.setenv("PATCHKIT_INDEX_URL", fake.url)
+    yield fake
+    fake.server.shutdown()
+    fake.server.server_close()
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> SdistCache:
+    return SdistCache(tmp_path / "cache")
+
+
+def cache_entries(cache: SdistCache) -> list[str]:
+    return sorted(p.name for p in cache.downloads.iterdir()) if cache.downloads.exists() else []
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# --- paths ------------------------------------------------------------------------------------------
+
+
+def test_relative_path_normalises_and_refuses_escapes():
+    assert relative_path("config/./model.py") == "config/model.py"
+    assert relative_path("config//model.py") == "config/model.py"
+    for bad in ("../etc/passwd", "config/../../x", "/etc/passwd", "", ".", "a\\b.py"):
+        with pytest.raises(PatchkitError):
+            relative_path(bad)
+
+
+# --- directory ------------------------------------------------------------------------------------
+
+
+def test_directory_checkout_reads_files_and_versions_from_version_py(tmp_path):
+    write_tree(tmp_path / "vllm", VLLM_FILES | {"_version.py": b"version: str\n__version__ = version = '0.33.0'\n"})
+    source = DirectorySource(tmp_path)
+    assert source.versions() == {"vllm": "0.33.0"}
+    assert source.read("vllm", "config/model.py") == VLLM_FILES["config/model.py"]
+    assert source.read("vllm", "config/missing.py") is None
+    assert source.read("flashinfer", "__init__.py") is None  # package absent
+    assert source.package_root("vllm") == (tmp_path / "vllm").resolve()
+    assert source.description == f"vllm 0.33.0 directory {tmp_path.resolve()}"
+    with pytest.raises(PatchkitError, match=r"unknown package 'vlm'"):
+        source.read("vlm", "config/model.py")
+    with pytest.raises(PatchkitError, match=r"not a regular file"):
+        source.read("vllm", "config")
+
+
+def test_directory_that_is_the_package_takes_the_version_from_pkg_info_beside_it(tmp_path):
+    write_tree(tmp_path / "vllm-0.32.0", {"PKG-INFO": b"Name: vllm\nVersion: 0.32.0\n\n"})
+    write_tree(tmp_path / "vllm-0.32.0" / "vllm", VLLM_FILES)
+    source = DirectorySource(tmp_path / "vllm-0.32.0" / "vllm")
+    assert source.versions() == {"vllm": "0.32.0"}
+    assert source.read("vllm", "models/glm5next/common/model.py") == VLLM_FILES["models/glm5next/common/model.py"]
+
+
+def test_directory_site_packages_versions_come_from_dist_info(tmp_path):
+    site = tmp_path / "site-packages"
+    write_tree(site / "vllm", VLLM_FILES)
+    write_tree(site / "flashinfer", {"__init__.py": b"", "jit/core.py": b"JIT = 1\n"})
+    write_tree(site / "vllm-0.33.0.dist-info", {"METADATA": b"Name: vllm\nVersion: 0.33.0\n"})
+    write_tree(
+        site / "flashinfer_python-0.7.2.post1.dist-info",
+        {"METADATA": b"Name: flashinfer-python\nVersion: 0.7.2.post1\n"},
+    )
+    write_tree(site / "numpy", {"__init__.py": b""})
+    source = DirectorySource(site)
+    assert source.versions() == {"vllm": "0.33.0", "flashinfer": "0.7.2.post1"}
+    assert source.read("flashinfer", "jit/core.py") == b"JIT = 1\n"
+
+
+def test_directory_refuses_two_installed_versions_of_one_distribution(tmp_path):
+    write_tree(tmp_path / "vllm", VLLM_FILES)
+    write_tree(tmp_path / "vllm-0.32.0.dist-info", {"METADATA": b"Name: vllm\nVersion: 0.32.0\n"})
+    write_tree(tmp_path / "vllm-0.33.0.dist-info", {"METADATA": b"Name: vllm\nVersion: 0.33.0\n"})
+    with pytest.raises(PatchkitError, match=r"several installed versions of vllm"):
+        DirectorySource(tmp_path)
+
+
+def test_directory_version_from_static_pyproject_else_unknown(tmp_path):
+    write_tree(tmp_path / "a" / "src" / "flashinfer", {"__init__.py": b""})
+    write_tree(tmp_path / "a", {"pyproject.toml": b'[project]\nname = "flashinfer-python"\nversion = "0.7.2"\n'})
+    assert DirectorySource(tmp_path / "a").versions() == {"flashinfer": "0.7.2"}
+    write_tree(tmp_path / "b" / "vllm", VLLM_FILES)
+    write_tree(tmp_path / "b", {"pyproject.toml": b'[project]\nname = "vllm"\ndynamic = ["version"]\n'})
+    assert DirectorySource(tmp_path / "b").versions() == {"vllm": "unknown"}
+
+
+def test_directory_refuses_paths_escaping_the_package_root(tmp_path):
+    write_tree(tmp_path / "vllm", VLLM_FILES)
+    write_tree(tmp_path, {"secret.txt": b"secret"})
+    (tmp_path / "vllm" / "outside.py").symlink_to(tmp_path / "secret.txt")
+    (tmp_path / "vllm" / "inside.py").symlink_to(tmp_path / "vllm" / "config" / "model.py")
+    source = DirectorySource(tmp_path)
+    for bad in ("../secret.txt", "/etc/passwd", "config/../../secret.txt"):
+        with pytest.raises(PatchkitError, match=r"secret\.txt|/etc/passwd"):
+            source.read("vllm", bad)
+    with pytest.raises(PatchkitError, match=r"outside.py resolves to .*outside the package root"):
+        source.read("vllm", "outside.py")
+    assert source.read("vllm", "inside.py") == VLLM_FILES["config/model.py"]
+
+
+def test_directory_without_packages_or_missing_is_an_error(tmp_path):
+    with pytest.raises(PatchkitError, match=r"does not exist"):
+        DirectorySource(tmp_path / "nowhere")
+    with pytest.raises(PatchkitError, match=r"no package found"):
+        DirectorySource(tmp_path)
+
+
+# --- sdist and wheel files ------------------------------------------------------------------------
+
+
+def test_sdist_file_reads_members_and_version_from_pkg_info(tmp_path):
+    path = tmp_path / "vllm-0.33.0.tar.gz"
+    path.write_bytes(sdist_bytes("vllm", "0.33.0"))
+    source = open_source(str(path))
+    assert isinstance(source, SdistSource)
+    assert source.versions() == {"vllm": "0.33.0"}
+    assert read_many(source, "vllm", ["config/model.py", "nope.py"]) == {
+        "config/model.py": VLLM_FILES["config/model.py"],
+        "nope.py": None,
+    }
+    assert source.read("flashinfer", "__init__.py") is None
+    with pytest.raises(PatchkitError, match=r"climbs out"):
+        source.read("vllm", "../PKG-INFO")
+    path.write_bytes(b"garbage")  # the one pass at open kept the package files: no second pass
+    assert source.read("vllm", "models/glm5next/common/model.py") == VLLM_FILES["models/glm5next/common/model.py"]
+
+
+def test_sdist_with_a_damaged_member_header_is_refused_not_cut_short(tmp_path):
+    members = {
+        "vllm-0.33.0/PKG-INFO": b"Name: vllm\nVersion: 0.33.0\n",
+        "vllm-0.33.0/vllm/__init__.py": b"",
+        "vllm-0.33.0/vllm/a.py": b"A\n",
+        "vllm-0.33.0/vllm/b.py": b"B\n",
+    }
+    raw = bytearray(gzip.decompress(tar_gz(members)))
+    raw[raw.index(b"vllm-0.33.0/vllm/a.py")] ^= 0xFF  # the header checksum no longer matches
+    path = tmp_path / "vllm-0.33.0.tar.gz"
+    path.write_bytes(gzip.compress(bytes(raw)))
+    with pytest.raises(PatchkitError, match=r"corrupt or truncated.*damaged member header"):
+        SdistSource(path)
+    assert path.exists()  # not a cache entry: left alone
+
+
+def test_sdist_refuses_links_and_non_sdists(tmp_path):
+    top = "vllm-0.33.0"
+    linked = tmp_path / "linked.tar.gz"
+    linked.write_bytes(
+        tar_gz(
+            {f"{top}/PKG-INFO": b"Name: vllm\nVersion: 0.33.0\n", f"{top}/vllm/__init__.py": b""},
+            symlinks={f"{top}/vllm/evil.py": "/etc/passwd"},
+        )
+    )
+    with pytest.raises(PatchkitError, match=r"evil.py is a link"):
+        SdistSource(linked).read("vllm", "evil.py")
+    bare = tmp_path / "bare.tar.gz"
+    bare.write_bytes(tar_gz({"vllm/__init__.py": b""}))
+    with pytest.raises(PatchkitError, match=r"not an sdist"):
+        SdistSource(bare)
+
+
+def test_file_cache_serves_a_warm_run_without_touching_the_archive(tmp_path):
+    path = tmp_path / "vllm-0.33.0.tar.gz"
+    path.write_bytes(sdist_bytes("vllm", "0.33.0"))
+    files = FileCache(tmp_path / "files")
+    cold = SdistSource(path, files=files, key="vllm-0.33.0-test")
+    assert cold.read("vllm", "config/model.py") == VLLM_FILES["config/model.py"]
+    path.write_bytes(b"garbage: a warm run must not decompress")
+    warm = SdistSource(path, files=files, key="vllm-0.33.0-test")
+    assert warm.versions() == {"vllm": "0.33.0"}
+    assert warm.read("vllm", "config/model.py") == VLLM_FILES["config/model.py"]
+    assert warm.read("vllm", "absent.py") is None  # the member list is cached too
+
+
+def test_file_cache_drops_a_damaged_entry_and_reads_the_archive_again(tmp_path):
+    path = tmp_path / "vllm-0.33.0.tar.gz"
+    path.write_bytes(sdist_bytes("vllm", "0.33.0"))
+    files = FileCache(tmp_path / "files")
+    SdistSource(path, files=files, key="k").read("vllm", "config/model.py")
+    blob = files.root / "blobs" / sha256(VLLM_FILES["config/model.py"])[:2] / sha256(VLLM_FILES["config/model.py"])
+    blob.write_bytes(b"bit rot")
+    assert SdistSource(path, files=files, key="k").read("vllm", "config/model.py") == VLLM_FILES["config/model.py"]
+    assert blob.read_bytes() == VLLM_FILES["config/model.py"]
+
+
+def test_wheel_file_reads_members_and_version_from_metadata(tmp_path):
+    path = tmp_path / "flashinfer_python-0.7.2.post1-py3-none-any.whl"
+    path.write_bytes(
+        wheel_bytes(
+            "flashinfer-python", "0.7.2.post1", {"__init__.py": b"", "jit/core.py": b"JIT\n"}, package="flashinfer"
+        )
+    )
+    source = open_source(str(path))
+    assert isinstance(source, WheelSource)
+    assert source.versions() == {"flashinfer": "0.7.2.post1"}
+    assert source.read("flashinfer", "jit/core.py") == b"JIT\n"
+    assert source.read("vllm", "config/model.py") is None
+
+
+def test_wheel_whose_metadata_contradicts_its_name_or_that_is_corrupt_is_refused(tmp_path):
+    lying = tmp_path / "vllm-0.33.0-py3-none-any.whl"
+    lying.write_bytes(wheel_bytes("vllm", "0.33.0", stated_version="0.32.0"))
+    with pytest.raises(PatchkitError, match=r"METADATA says vllm 0.32.0"):
+        WheelSource(lying)
+    corrupt = tmp_path / "vllm-0.33.1-py3-none-any.whl"
+    corrupt.write_bytes(wheel_bytes("vllm", "0.33.1")[:200])
+    with pytest.raises(PatchkitError, match=r"corrupt or truncated"):
+        WheelSource(corrupt)
+    assert corrupt.exists()  # a user's file is never deleted
+
+
+# --- the package index ----------------------------------------------------------------------------
+
+
+def test_release_is_downloaded_once_then_read_offline(index, cache, capsys):
+    body = sdist_bytes("vllm", "0.33.0")
+    index.add("vllm", "vllm-0.33.0.tar.gz", body)
+    source = open_source("0.33.0", cache=cache, progress=True)
+    assert source.versions() == {"vllm": "0.33.0"}
+    assert source.description == f"vllm 0.33.0 sdist (index, sha256 {sha256(body)[:12]})"
+    assert source.read("vllm", "config/model.py") == VLLM_FILES["config/model.py"]
+    assert "vllm-0.33.0.tar.gz" in capsys.readouterr().err  # the progress bar, on stderr
+    assert index.file_requests() == ["/files/vllm-0.33.0.tar.gz"]
+
+    index.server.shutdown()  # the index is gone: a cached release must not need it
+    again = open_source("vllm==0.33.0", cache=cache)
+    assert again.read("vllm", "config/model.py") == VLLM_FILES["config/model.py"]
+
+
+def test_sha256_mismatch_names_url_and_hashes_and_caches_nothing(index, cache):
+    body = sdist_bytes("vllm", "0.33.0")
+    index.add("vllm", "vllm-0.33.0.tar.gz", body, listed_sha256="0" * 64)
+    with pytest.raises(PatchkitError) as failure:
+        open_source("vllm==0.33.0", cache=cache, progress=False)
+    message = str(failure.value)
+    assert "/files/vllm-0.33.0.tar.gz" in message and "0" * 64 in message and sha256(body) in message
+    assert cache_entries(cache) == []
+
+
+def test_truncated_download_and_server_error_cache_nothing(index, cache):
+    index.add("vllm", "vllm-0.33.0.tar.gz", sdist_bytes("vllm", "0.33.0"))
+    index.faults["vllm-0.33.0.tar.gz"] = "truncate"
+    with pytest.raises(PatchkitError, match=r"download of http://127.0.0.1:.*/files/vllm-0.33.0.tar.gz"):
+        open_source("vllm==0.33.0", cache=cache, progress=False)
+    assert cache_entries(cache) == []
+    index.faults["vllm-0.33.0.tar.gz"] = "http500"
+    with pytest.raises(PatchkitError, match=r"500"):
+        open_source("vllm==0.33.0", cache=cache, progress=False)
+    assert cache_entries(cache) == []
+
+
+def test_corrupt_archive_with_matching_hash_is_refused_and_dropped_from_the_cache(index, cache):
+    body = sdist_bytes("vllm", "0.33.0")
+    crc = int.from_bytes(body[-8:-4], "little")
+    damaged = body[:-8] + (crc ^ 1).to_bytes(4, "little") + body[-4:]  # only the gzip CRC check can tell
+    index.add("vllm", "vllm-0.33.0.tar.gz", damaged)
+    with pytest.raises(PatchkitError, match=r"corrupt or truncated.*CRC.*removed it from the cache"):
+        open_source("vllm==0.33.0", cache=cache, progress=False)
+    assert cache_entries(cache) == []
+
+
+def test_unreachable_index_is_an_error_naming_the_url(monkeypatch, cache):
+    url = f"http://127.0.0.1:{free_port()}/simple"
+    monkeypatch.setenv("PATCHKIT_INDEX_URL", url)
+    with pytest.raises(PatchkitError, match=f"cannot reach the package index at {url}/vllm/"):
+        open_source("vllm==0.33.0", cache=cache)
+    assert cache_entries(cache) == []
+
+
+def test_unknown_version_project_or_non_json_index(index, cache):
+    index.add("vllm", "vllm-0.32.0.tar.gz", sdist_bytes("vllm", "0.32.0"))
+    with pytest.raises(PatchkitError, match=r"vllm 0.33.0 is not on the package index .*latest releases: 0.32.0"):
+        open_source("vllm==0.33.0", cache=cache)
+    with pytest.raises(PatchkitError, match=r"flashinfer-python is not on the package index"):
+        open_source("flashinfer-python==0.7.2", cache=cache)
+    index.content_type = "text/html"
+    with pytest.raises(PatchkitError, match=r"not a JSON simple API"):
+        open_source("vllm==0.32.0", cache=cache)
+
+
+def test_pkg_info_contradicting_the_requested_version_is_an_error(index, cache):
+    index.add("vllm", "vllm-0.33.0.tar.gz", sdist_bytes("vllm", "0.33.0", stated_version="0.32.0"))
+    with pytest.raises(PatchkitError, match=r"PKG-INFO says version 0.32.0, but 0.33.0 was asked for"):
+        open_source("vllm==0.33.0", cache=cache, progress=False)
+
+
+def test_release_without_sdist_uses_the_most_portable_wheel(index, cache):
+    files = {"__init__.py": b"", "jit/core.py": b"JIT\n"}
+    index.add(
+        "flashinfer-python", "flashinfer_python-0.7.2.post1-cp39-abi3-manylinux_2_28_aarch64.whl", b"not this one"
+    )
+    index.add(
+        "flashinfer-python",
+        "flashinfer_python-0.7.2.post1-py3-none-any.whl",
+        wheel_bytes("flashinfer-python", "0.7.2.post1", files, package="flashinfer"),
+    )
+    source = open_source("flashinfer-python==0.7.2.post1", cache=cache, progress=False)
+    assert isinstance(source, WheelSource)
+    assert source.versions() == {"flashinfer": "0.7.2.post1"}
+    assert source.read("flashinfer", "jit/core.py") == b"JIT\n"
+    assert index.file_requests() == ["/files/flashinfer_python-0.7.2.post1-py3-none-any.whl"]
+
+
+def test_discover_releases_skips_yanked_and_pre_releases(index):
+    for version, yanked in [("0.31.0", False), ("0.32.0", True), ("0.33.0", False), ("0.34.0rc1", False)]:
+        index.add("vllm", f"vllm-{version}.tar.gz", b"x", yanked=yanked)
+    index.add("vllm", "vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl", b"x", yanked=True)
+    index.add("vllm", "vllm-0.30.0-cp38-abi3-manylinux_2_28_x86_64.whl", b"x")  # a wheel-only release counts
+    assert discover_releases() == [Version("0.30.0"), Version("0.31.0"), Version("0.33.0")]
+    assert discover_releases("vllm", SpecifierSet(">=0.31")) == [Version("0.31.0"), Version("0.33.0")]
+    assert discover_releases("vllm", SpecifierSet(">=0.33"), prereleases=True) == [
+        Version("0.33.0"),
+        Version("0.34.0rc1"),
+    ]
+
+
+# --- spec parsing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("", "empty source"),
+        ("vllm>=0.33", "not a range"),
+        ("flashinfer==0.7.2", "unknown distribution 'flashinfer'.*flashinfer-python"),
+        ("vllm==latest", "'latest' is not a version"),
+        ("./no/such/dir", "no such directory"),
+        ("whatever", "unknown source 'whatever'"),
+        ("git:/some/repo", "git:PATH_OR_URL@REF"),
+        ("missing.whl", "wheel missing.whl does not exist"),
+    ],
+)
+def test_bad_specs_are_refused_with_a_hint(spec, message, cache):
+    with pytest.raises(PatchkitError, match=message):
+        open_source(spec, cache=cache)
+
+
+def test_a_directory_named_like_a_version_is_ambiguous(tmp_path, monkeypatch, cache):
+    write_tree(tmp_path / "0.33.0" / "vllm", VLLM_FILES)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(PatchkitError, match=r"both a directory and a version"):
+        open_source("0.33.0", cache=cache)
+    assert isinstance(open_source("./0.33.0"), DirectorySource)
+
+
+# --- git ------------------------------------------------------------------------------------------
+
+
+def test_git_reads_blobs_at_a_tag_without_checking_it_out(vllm_repo):
+    (Path(vllm_repo.working_tree_dir) / "vllm" / "config" / "model.py").write_text("uncommitted\n")
+    source = open_source(f"git:{vllm_repo.working_tree_dir}@v0.33.0")
+    assert isinstance(source, GitSource)
+    assert source.versions() == {"vllm": "0.33.0"}
+    assert source.read("vllm", "config/model.py") == VLLM_FILES["config/model.py"]
+    assert source.read("vllm", "absent.py") is None
+    assert source.read("flashinfer", "__init__.py") is None
+    assert source.description.startswith(f"vllm 0.33.0 git {vllm_repo.working_tree_dir}@v0.33.0 (commit ")
+    with pytest.raises(PatchkitError, match=r"is a directory"):
+        source.read("vllm", "config")
+
+
+def test_git_version_from_describe_from_version_py_else_the_sha(vllm_repo, tmp_path):
+    head = vllm_repo.head.commit.hexsha
+    assert GitSource(vllm_repo.working_tree_dir, "main").versions() == {"vllm": f"0.33.0+2.g{head[:7]}"}
+    assert GitSource(vllm_repo.working_tree_dir, head).read("vllm", "config/model.py").endswith(b"8192\n")
+    commit(vllm_repo, {"vllm/_version.py": b"__version__ = version = '0.33.1.dev3+gabc'\n"})
+    assert GitSource(vllm_repo.working_tree_dir, "main").versions() == {"vllm": "0.33.1.dev3+gabc"}
+    untagged = git.Repo.init(tmp_path / "untagged")
+    sha = commit(untagged, {"flashinfer/__init__.py": b""}).hexsha
+    assert GitSource(str(tmp_path / "untagged"), "HEAD").versions() == {"flashinfer": sha[:12]}
+
+
+def test_git_refuses_unknown_refs_non_repositories_and_symlinks(vllm_repo, tmp_path):
+    with pytest.raises(PatchkitError, match=r"ref 'v9.9.9' is not a commit"):
+        open_source(f"git:{vllm_repo.working_tree_dir}@v9.9.9")
+    with pytest.raises(PatchkitError, match=r"is not a commit"):
+        GitSource(vllm_repo.working_tree_dir, "0" * 40)
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(PatchkitError, match=r"is not a git repository"):
+        open_source(f"git:{tmp_path / 'plain'}@main")
+    with pytest.raises(PatchkitError, match=r"does not exist"):
+        open_source(f"git:{tmp_path / 'nowhere'}@main")
+    (Path(vllm_repo.working_tree_dir) / "vllm" / "evil.py").symlink_to("/etc/passwd")
+    vllm_repo.index.add(["vllm/evil.py"])
+    vllm_repo.index.commit("link", author=ME, committer=ME)
+    with pytest.raises(PatchkitError, match=r"evil.py is a symlink"):
+        GitSource(vllm_repo.working_tree_dir, "main").read("vllm", "evil.py")
+
+
+def test_git_url_is_cloned_bare_into_the_cache_and_fetched_again(vllm_repo, cache):
+    url = Path(vllm_repo.git_dir).parent.as_uri()
+    source = open_source(f"git:{url}@main", cache=cache)
+    assert source.read("vllm", "config/model.py").endswith(b"8192\n")
+    (clone,) = cache.git.iterdir()
+    assert git.Repo(clone).bare
+    commit(vllm_repo, {"vllm/config/model.py": b"max_len = 16384\n"})
+    assert open_source(f"git:{url}@main", cache=cache).read("vllm", "config/model.py") == b"max_len = 16384\n"
+    assert list(cache.git.iterdir()) == [clone]
+    with pytest.raises(PatchkitError, match=r"cannot fetch git repository"):
+        open_source(f"git:{url}-missing@main", cache=cache)
+    assert list(cache.git.iterdir()) == [clone]  # a failed clone leaves nothing
+
+
+# --- combined -------------------------------------------------------------------------------------
+
+
+def test_combined_sources_route_by_package_and_refuse_a_package_twice(tmp_path, vllm_repo):
+    wheel = tmp_path / "flashinfer_python-0.7.2-py3-none-any.whl"
+    wheel.write_bytes(
+        wheel_bytes("flashinfer-python", "0.7.2", {"__init__.py": b"", "a.py": b"A\n"}, package="flashinfer")
+    )
+    vllm = open_source(f"git:{vllm_repo.working_tree_dir}@v0.33.0")
+    both = combine_sources([vllm, open_source(str(wheel))])
+    assert both.versions() == {"vllm": "0.33.0", "flashinfer": "0.7.2"}
+    assert both.read("flashinfer", "a.py") == b"A\n"
+    assert read_many(both, "vllm", ["config/model.py"]) == {"config/model.py": VLLM_FILES["config/model.py"]}
+    assert " + " in both.description
+    assert combine_sources([vllm]) is vllm
+    with pytest.raises(PatchkitError, match=r"package vllm is in two sources"):
+        combine_sources([vllm, open_source(f"git:{vllm_repo.working_tree_dir}@main")])
+    with pytest.raises(PatchkitError, match=r"no source"):
+        combine_sources([])
+
+
+# --- the real index -------------------------------------------------------------------------------
+
+
+@pytest.mark.network
+def test_real_vllm_sdist_from_the_index(monkeypatch):
+    monkeypatch.delenv("PATCHKIT_INDEX_URL", raising=False)
+    source = open_source("vllm==0.33.0", progress=False)  # the user cache: downloaded once, then reused
+    assert source.versions() == {"vllm": "0.33.0"}
+    assert source.description.startswith("vllm 0.33.0 sdist (index, sha256 ")
+    files = read_many(source, "vllm", ["_version.py", "config/__init__.py", "envs.py", "no/such/file.py"])
+    assert b"0.33.0" in files["_version.py"]
+    assert files["config/__init__.py"] and files["envs.py"]
+    assert files["no/such/file.py"] is None

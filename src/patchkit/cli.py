@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from . import engine, report
+from . import PINNED_SOURCES, engine, report
 from .errors import PatchkitError, PatchFailed
 from .model import PatchSet, load_patchset
 
@@ -132,9 +132,14 @@ def _open(specs: tuple[str, ...]):
     return sources[0] if len(sources) == 1 else combine_sources(sources)
 
 
+source_option = click.option(
+    "--source", "sources", multiple=True, metavar="SRC", default=PINNED_SOURCES, show_default=True,
+    help="Directory, version (0.33.0, flashinfer-python==0.7.2.post1), git:PATH@REF, or .whl. Repeatable.",
+)
+
+
 @main.command()
-@click.option("--source", "sources", multiple=True, required=True, metavar="SRC",
-              help="Directory, version (0.33.0, flashinfer-python==0.7.2.post1), git:PATH@REF, or .whl. Repeatable.")
+@source_option
 @patches_option
 @series_option
 @assume_option
@@ -149,7 +154,7 @@ def check(sources, patches_dir, series, assumed, as_json):
 
 
 @main.command()
-@click.option("--source", "sources", multiple=True, required=True, metavar="SRC")
+@source_option
 @patches_option
 @series_option
 @assume_option

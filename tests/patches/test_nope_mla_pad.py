@@ -1,0 +1,313 @@
+"""nope-mla-pad: GLM-5.3 NoPE MLA on the 576-wide sparse-MLA layout behind VLLM_MLA_NOPE_PAD_ROPE=1.
+
+One probe per tree builds a tiny real GLM-5.3 checkpoint config (multimodal, like the real one) and,
+for each scenario, the real ModelConfig (get_config: the gate), the real MTP SpeculativeConfig (the
+draft config), and the real target and MTP models through vLLM's initialize_model, then loads
+checkpoint-shaped MLA tensors through their real load_weights. Scenarios: the gate set, the gate
+unset, and the naive alternative (a text_config qk_rope_head_dim=64 override, gate unset).
+
+What cannot run on CPU, and what stands in: the SM120 sparse-MLA kernels (FlashInfer, GPU only) never
+run. The probe selects the FLASHINFER_MLA_SPARSE_SM120 backend the way platforms/cuda.py does on
+compute capability 12.x and reports FlashInfer's sparse decode API as present, so the real SM120 impl
+class is constructed with the layer's real head size, rope dim and scale. The attention logits are
+computed from the layer's loaded projections (F.linear on its weights, its RMSNorms, kv_b_proj's W_UK)
+and its own scale, in the latent (MQA) form the SM120 decode kernel evaluates.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+H, NOPE = 4, 256
+ENV = {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+
+PROBE = r'''
+import json, os, tempfile
+from dataclasses import replace
+
+import torch
+
+H, NOPE, KV_LORA, Q_LORA, HIDDEN, V = 4, 256, 512, 32, 64, 256
+text = dict(
+    model_type="glm5_next_text", hidden_size=HIDDEN, num_attention_heads=H, num_key_value_heads=H,
+    q_lora_rank=Q_LORA, kv_lora_rank=KV_LORA, qk_nope_head_dim=NOPE, qk_rope_head_dim=0,
+    v_head_dim=V, index_topk=2048, index_kpool=4, index_n_heads=4, index_head_dim=128,
+    num_hidden_layers=2, num_nextn_predict_layers=1, mla_use_nope=True,
+    indexer_rope_interleave=False, vocab_size=128, intermediate_size=128, moe_intermediate_size=32,
+    n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+    layer_types=["linear_attention", "indexed_attention"], mlp_layer_types=["dense", "dense"],
+    mhc=False, pad_token_id=0, linear_num_heads=2, linear_head_dim=32, max_position_embeddings=8192,
+)
+ckpt = tempfile.mkdtemp()
+with open(os.path.join(ckpt, "config.json"), "w") as f:
+    json.dump({"architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
+               "text_config": text, "vision_config": {"depth": 1, "hidden_size": 32, "num_heads": 2,
+               "out_hidden_size": HIDDEN, "intermediate_size": 64}}, f)
+
+import vllm.platforms.cpu as cpu_platform
+import vllm.utils.flashinfer as vllm_flashinfer
+from vllm.config import (CacheConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig,
+                         set_current_vllm_config)
+from vllm.distributed import init_distributed_environment, initialize_model_parallel
+from vllm.model_executor.model_loader.utils import initialize_model
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+# What only a GB10 has: the SM120 sparse backend as platforms/cuda.py selects it on 12.x, and
+# FlashInfer's sparse decode API (probed, never called: no kernel runs here).
+cpu_platform.CpuPlatform.get_attn_backend_cls = classmethod(
+    lambda cls, *a, **k: AttentionBackendEnum.FLASHINFER_MLA_SPARSE_SM120.get_path())
+vllm_flashinfer.has_flashinfer_sparse_mla_sm120 = lambda: True
+
+gen = torch.Generator().manual_seed(0)
+q_a, kv_a = torch.randn(Q_LORA, HIDDEN, generator=gen), torch.randn(KV_LORA, HIDDEN, generator=gen)
+q_b = torch.randn(H * NOPE, Q_LORA, generator=gen)
+kv_b = torch.randn(H * (NOPE + V), KV_LORA, generator=gen)
+x = torch.randn(3, HIDDEN, generator=gen)
+
+
+def mla_weights(prefix):
+    return [(f"{prefix}.q_a_proj.weight", q_a), (f"{prefix}.kv_a_proj_with_mqa.weight", kv_a),
+            (f"{prefix}.q_b_proj.weight", q_b), (f"{prefix}.kv_b_proj.weight", kv_b)]
+
+
+def logits(attn):
+    """Latent-form MLA decode logits from the layer's loaded projections and its own scale."""
+    rope = attn.qk_rope_head_dim
+    linear = torch.nn.functional.linear
+    q_c, kv = linear(x, attn.fused_qkv_a_proj.weight).split([Q_LORA, KV_LORA + rope], dim=-1)
+    q = linear(attn.q_a_layernorm.forward_native(q_c), attn.q_b_proj.weight).view(-1, H, NOPE + rope)
+    kv_c, k_pe = kv.split([KV_LORA, rope], dim=-1)
+    kv_c = attn.kv_a_layernorm.forward_native(kv_c)
+    w_uk = attn.kv_b_proj.weight.view(H, NOPE + V, KV_LORA)[:, :NOPE]
+    ql = torch.einsum("thp,hpl->thl", q[..., :NOPE], w_uk)
+    qk = torch.einsum("thl,sl->ths", ql, kv_c) + torch.einsum("thr,sr->ths", q[..., NOPE:], k_pe)
+    return (qk * attn.scaling).tolist()
+
+
+def describe(attn):
+    mla = attn.mla_attn.mla_attn
+    rope = attn.qk_rope_head_dim
+    q_b_rows = attn.q_b_proj.weight.detach().view(H, NOPE + rope, Q_LORA)
+    kv_a_rows = attn.fused_qkv_a_proj.weight.detach()[Q_LORA:]
+    return {
+        "rope": rope, "scaling": attn.scaling, "impl": type(mla.impl).__name__,
+        "impl_scale": mla.impl.scale, "impl_rope": mla.impl.qk_rope_head_dim,
+        "head_size": mla.head_size, "indexer_rope_dim": attn.indexer.rope_dim,
+        "indexer_rotary_dim": attn.indexer_rope_emb.rotary_dim,
+        "q_b_shape": list(attn.q_b_proj.weight.shape), "kv_a_rows": kv_a_rows.shape[0],
+        "q_b_nope_rows_equal": torch.equal(q_b_rows[:, :NOPE], q_b.view(H, NOPE, Q_LORA)),
+        "q_b_rope_rows": q_b_rows[:, NOPE:].abs().sum().item() if rope else None,
+        "kv_a_latent_rows_equal": torch.equal(kv_a_rows[:KV_LORA], kv_a),
+        "kv_a_rope_rows": kv_a_rows[KV_LORA:].abs().sum().item() if rope else None,
+    }
+
+
+def load(model, weights):
+    # Parameters a failed load leaves unwritten hold a fixed value, not uninitialised memory.
+    for param in model.parameters():
+        if param.is_floating_point():
+            param.data.fill_(7.0)
+    try:
+        model.load_weights(weights)
+        return None
+    except Exception as e:  # the outcome is the result: stock fails here on the naive override
+        return f"{type(e).__name__}: {e}"
+
+
+def scenario(gate, hf_overrides=None):
+    os.environ["VLLM_MLA_NOPE_PAD_ROPE"] = gate
+    mc = ModelConfig(model=ckpt, skip_tokenizer_init=True, dtype="float32", max_model_len=4096,
+                     limit_mm_per_prompt={"image": 0, "video": 0}, hf_overrides=hf_overrides or {})
+    pc = ParallelConfig()
+    sc = SpeculativeConfig(method="mtp", num_speculative_tokens=1, target_model_config=mc,
+                           target_parallel_config=pc)
+    dm = sc.draft_model_config
+    vc = VllmConfig(model_config=mc, parallel_config=pc, speculative_config=sc,
+                    cache_config=CacheConfig(enable_prefix_caching=False, cache_dtype="fp8_ds_mla"))
+    out = {"config": {
+        "target": [mc.hf_text_config.qk_rope_head_dim, mc.get_head_size()],
+        "draft": [dm.hf_config.model_type, dm.hf_text_config.qk_rope_head_dim, dm.get_head_size()],
+    }}
+    with set_current_vllm_config(vc):
+        target = initialize_model(vc)
+        prefix = "model.language_model.layers.1.self_attn"
+        # A 0-d scale on kv_a_proj_with_mqa enters the loader the weight takes.
+        out["target_scalar_load"] = load(
+            target, [(f"{prefix}.kv_a_proj_with_mqa.input_scale", torch.tensor(0.5))])
+        out["target_load"] = load(target, mla_weights(prefix))
+        attn = target.language_model.model.layers[1].self_attn
+        out["target"] = describe(attn)
+        with torch.no_grad():
+            out["logits"] = logits(attn)
+        draft_vc = replace(vc, model_config=dm)
+        with set_current_vllm_config(draft_vc):
+            draft = initialize_model(draft_vc, model_config=dm)
+        out["draft_load"] = load(draft, mla_weights("model.layers.2.self_attn"))
+        out["draft"] = describe(draft.model.layers["2"].mtp_block.self_attn)
+    return out
+
+
+def direct_hook():
+    """The config hook on configs transformers' Glm5NextTextConfig cannot express (index_topk is
+    typed int there): a dense one and one whose rope was set by other means."""
+    from transformers import PretrainedConfig
+    import vllm.transformers_utils.config as tu_config
+
+    hook = getattr(tu_config, "_patchkit_pad_nope_mla_rope", None)
+    if hook is None:
+        return None
+    os.environ["VLLM_MLA_NOPE_PAD_ROPE"] = "1"
+    results = {}
+    for name, topk, rope in (("sparse", 2048, 0), ("dense", None, 0), ("preset", 2048, 64)):
+        cfg = PretrainedConfig()
+        cfg.model_type, cfg.mla_use_nope, cfg.index_topk, cfg.qk_rope_head_dim = (
+            "glm5_next_text", True, topk, rope)
+        try:
+            hook(cfg)
+            results[name] = cfg.qk_rope_head_dim
+        except ValueError as e:
+            results[name] = f"ValueError: {e}"
+    return results
+
+
+def pad_helper():
+    """The patched row padding on a 0-d scale, a row scale, codes, and an already-padded tensor."""
+    from vllm.models.glm5next.common import attention
+
+    pad_rows = getattr(attention, "_zero_pad_rows", None)
+    if pad_rows is None:
+        return None
+    scalar = torch.tensor(0.25)
+    codes = torch.randint(1, 255, (H * NOPE, 8), dtype=torch.uint8, generator=gen)
+    row_scale = torch.rand(H * NOPE, generator=gen) + 1
+    done = torch.ones(H * (NOPE + 64), 8)
+    padded_codes = pad_rows(codes, H, NOPE, 64)
+    padded_scale = pad_rows(row_scale, H, NOPE, 64)
+    return {
+        "scalar_same_object": pad_rows(scalar, H, NOPE, 64) is scalar,
+        "codes": [list(padded_codes.shape), str(padded_codes.dtype),
+                  torch.equal(padded_codes.view(H, NOPE + 64, 8)[:, :NOPE], codes.view(H, NOPE, 8)),
+                  int(padded_codes.view(H, NOPE + 64, 8)[:, NOPE:].abs().sum())],
+        "row_scale": [list(padded_scale.shape),
+                      torch.equal(padded_scale.view(H, -1)[:, :NOPE], row_scale.view(H, NOPE)),
+                      float(padded_scale.view(H, -1)[:, NOPE:].abs().sum())],
+        "already_padded_same_object": pad_rows(done, H, NOPE, 64) is done,
+    }
+
+
+with set_current_vllm_config(VllmConfig()):
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                 distributed_init_method=f"file://{tempfile.mktemp()}")
+    initialize_model_parallel(1, 1)
+result = {
+    "gate_on": scenario("1"),
+    "gate_off": scenario("0"),
+    "override": scenario("0", {"text_config": {"qk_rope_head_dim": 64}}),
+    "direct_hook": direct_hook(),
+    "pad_helper": pad_helper(),
+}
+print(json.dumps(result))
+'''
+
+
+@pytest.fixture(scope="module")
+def stock(stock_vllm):
+    return stock_vllm.run(PROBE, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def patched(patched_vllm):
+    return patched_vllm.run(PROBE, env=ENV)
+
+
+def _layers(run):
+    return {"target": run["target"], "draft": run["draft"]}
+
+
+def test_gate_pads_target_and_draft_config(stock, patched):
+    """Stock reads nothing of the VLLM_MLA_NOPE_PAD_ROPE=1 the recipes set; patched, the target and
+    the MTP draft config both declare the 64 rope dims and the KV head is 576."""
+    assert stock["gate_on"] == stock["gate_off"]
+    assert stock["gate_on"]["config"] == {"target": [0, 512], "draft": ["glm5_next_mtp", 0, 512]}
+    for layer in _layers(stock["gate_on"]).values():
+        assert (layer["head_size"], layer["impl_rope"], layer["q_b_shape"]) == (512, 0, [H * NOPE, 32])
+    assert patched["gate_on"]["config"] == {"target": [64, 576], "draft": ["glm5_next_mtp", 64, 576]}
+
+
+def test_gate_fixes_what_a_rope_override_breaks(stock, patched):
+    """The way to 576 without this patch (--hf-overrides text_config.qk_rope_head_dim=64) on stock:
+    the draft keeps 512 (dict overrides are target-only), the softmax scale moves to 320**-0.5, the
+    indexer gets a 64-dim rope, the checkpoint's q_b_proj no longer loads and upstream's kv_a pad
+    raises on a 0-d scale. Patched with the gate, none of these."""
+    naive = stock["override"]
+    assert naive["config"] == {"target": [64, 576], "draft": ["glm5_next_mtp", 0, 512]}
+    assert naive["target"]["scaling"] == pytest.approx((NOPE + 64) ** -0.5)
+    assert naive["target"]["indexer_rope_dim"] == 64
+    assert "exceeds dimension size (1024)" in naive["target_load"]  # q_b_proj: 1024 rows, 1280 wanted
+    assert "zero-dimensional" in naive["target_scalar_load"]
+    gated = patched["gate_on"]
+    assert gated["config"]["draft"] == ["glm5_next_mtp", 64, 576]
+    assert gated["target"]["scaling"] == NOPE**-0.5 and gated["target"]["indexer_rope_dim"] == 0
+    assert gated["target_load"] is None
+    assert gated["target_scalar_load"].startswith("KeyError")
+
+
+def test_padded_layers_keep_scale_and_rope_free_indexer(patched):
+    for name, layer in _layers(patched["gate_on"]).items():
+        assert layer["impl"] == "FlashInferMLASparseSM120Impl", name
+        assert (layer["rope"], layer["head_size"], layer["impl_rope"]) == (64, 576, 64), name
+        # The softmax scale stays on the unpadded head dim, in the layer and in the SM120 impl.
+        assert layer["scaling"] == layer["impl_scale"] == NOPE**-0.5, name
+        assert (layer["indexer_rope_dim"], layer["indexer_rotary_dim"]) == (0, 0), name
+
+
+def test_real_loaders_pad_with_zero_rows(patched):
+    """Target (Glm5NextModel.load_weights) and MTP draft (Glm5NextMTP.load_weights, its BF16 path)."""
+    run = patched["gate_on"]
+    assert run["target_load"] is None and run["draft_load"] is None
+    for name, layer in _layers(run).items():
+        assert layer["q_b_shape"] == [H * (NOPE + 64), 32], name
+        assert layer["kv_a_rows"] == 512 + 64, name
+        assert layer["q_b_nope_rows_equal"] and layer["kv_a_latent_rows_equal"], name
+        assert layer["q_b_rope_rows"] == 0 and layer["kv_a_rope_rows"] == 0, name
+
+
+def test_padded_logits_equal_unpadded(stock, patched):
+    """Same checkpoint tensors, same input: the padded layer (576-wide q/k, its own scale) gives the
+    stock NoPE layer's logits."""
+    assert patched["gate_on"]["target"]["rope"] == 64  # the layer the logits come from is padded
+    padded, unpadded = patched["gate_on"]["logits"], stock["gate_off"]["logits"]
+    assert len(padded) == 3 and len(padded[0]) == H
+    flat_p = [v for t in padded for h in t for v in h]
+    flat_u = [v for t in unpadded for h in t for v in h]
+    assert flat_p == pytest.approx(flat_u, rel=1e-6, abs=1e-6)
+
+
+def test_scalar_scales_are_never_padded(stock, patched):
+    # Through the real loader: upstream's kv_a pad no longer concatenates rows to a 0-d scale (stock
+    # raises there, see test_gate_fixes_what_a_rope_override_breaks); the scale reaches the parameter
+    # lookup and fails as any tensor a BF16 layer has no parameter for.
+    scalar_load = patched["gate_on"]["target_scalar_load"]
+    assert scalar_load.startswith("KeyError") and "kv_a_proj_with_mqa.input_scale" in scalar_load
+    helper = patched["pad_helper"]
+    assert helper["scalar_same_object"] and helper["already_padded_same_object"]
+    assert helper["codes"] == [[H * (NOPE + 64), 8], "torch.uint8", True, 0]
+    assert helper["row_scale"] == [[H * (NOPE + 64)], True, 0.0]
+    assert stock["pad_helper"] is None
+
+
+def test_gate_unset_is_stock(stock, patched):
+    """With the gate in the tree (its hook present) but unset, every scenario matches stock exactly:
+    configs, parameters, scales, load outcomes and logits."""
+    assert patched["direct_hook"] is not None
+    assert patched["gate_off"] == stock["gate_off"]
+    assert patched["override"] == stock["override"]
+
+
+def test_hook_only_pads_sparse_nope_configs(stock, patched):
+    assert stock["direct_hook"] is None
+    hook = patched["direct_hook"]
+    assert hook["sparse"] == 64 and hook["dense"] == 0
+    assert hook["preset"].startswith("ValueError") and "qk_rope_head_dim" in hook["preset"]

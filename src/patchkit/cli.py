@@ -237,6 +237,37 @@ def status(target, patches_dir, series, assumed, as_json):
     sys.exit(0 if plan.ok else 1)
 
 
+@main.command("build")
+@click.argument("image")
+@click.option("--base", help="Base to build on instead of the image's pinned one: a registry reference or an OCI layout path.")
+@click.option("--push", multiple=True, metavar="REF", help="Push to this repository (computed tag) or tag. Repeatable.")
+@click.option("--output", type=click.Path(path_type=Path), help="OCI image layout directory (default build/oci/IMAGE).")
+@click.option("--dry-run", is_flag=True, help="Print what would change and the digest; write nothing.")
+@click.option("--engine", is_flag=True, help="Build through a Docker-API engine (Docker, podman) instead.")
+@click.option("--engine-url", help="Docker-API endpoint, e.g. unix:///run/podman/podman.sock.")
+@click.option("--result-json", type=click.Path(path_type=Path), help="Write the build summary (digest, tags) here.")
+@click.option("--revision", help="Source revision for the OCI annotations (default: git HEAD).")
+@click.option("--source-url", help="Source URL for the OCI annotations.")
+@patches_option
+@json_option
+def build_cmd(image, base, push, output, dry_run, engine, engine_url, result_json, revision, source_url, patches_dir,
+              as_json):
+    """Build IMAGE: the base plus one layer of patched files, linux/arm64, reproducible, no daemon."""
+    from .build import build
+
+    result = build(
+        image, base=base, push=push, output=output, dry_run=dry_run, engine=engine, engine_url=engine_url,
+        images_dir=default_dir("images", "PATCHKIT_IMAGES"),
+        patches_dir=patches_dir or default_dir("patches", "PATCHKIT_PATCHES"),
+        revision=revision, source_url=source_url, console=err_console,
+    )
+    summary = result.summary()
+    if result_json:
+        result_json.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+
+
 @main.command()
 @patches_option
 @click.option("--write", is_flag=True, help="Rewrite UPSTREAM.md beside the patches folder.")

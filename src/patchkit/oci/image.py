@@ -1,0 +1,92 @@
+"""Pure image mutations: base config + manifest + one appended layer -> new config and manifest.
+
+What go-containerregistry's `mutate.Append`/`mutate.Config` do, as plain functions over dicts: no I/O,
+so every byte of the result follows from the inputs (the reproducibility tests hash the output).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+from patchkit.errors import PatchkitError
+from patchkit.oci.layer import Layer
+from patchkit.oci.media import (INDEX_TYPES, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST, TO_OCI, Platform,
+                                canonical_json, descriptor)
+
+
+def epoch_timestamp(epoch: int) -> str:
+    """RFC 3339 UTC, second precision, as OCI configs carry `created`."""
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(epoch, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_env(env: list[str], updates: Mapping[str, str]) -> list[str]:
+    """Replace variables in place (keeping the base's order), append new ones in the given order."""
+    out = list(env)
+    index = {item.split("=", 1)[0]: i for i, item in enumerate(out)}
+    for key, value in updates.items():
+        item = f"{key}={value}"
+        if key in index:
+            out[index[key]] = item
+        else:
+            index[key] = len(out)
+            out.append(item)
+    return out
+
+
+def new_config(base_config: Mapping, layer: Layer, *, created: str, created_by: str, comment: str,
+               labels: Mapping[str, str], env: Mapping[str, str], n_base_layers: int) -> dict:
+    config = copy.deepcopy(dict(base_config))
+    rootfs = config.get("rootfs")
+    if not isinstance(rootfs, dict) or rootfs.get("type") != "layers" or not isinstance(rootfs.get("diff_ids"), list):
+        raise PatchkitError("base image config has no rootfs.diff_ids list")
+    if len(rootfs["diff_ids"]) != n_base_layers:
+        raise PatchkitError(f"base image config lists {len(rootfs['diff_ids'])} diff_ids for "
+                            f"{n_base_layers} manifest layers: the base image is inconsistent")
+    rootfs["diff_ids"] = [*rootfs["diff_ids"], layer.diff_id]
+    config["created"] = created
+    history = list(config.get("history") or [])
+    history.append({"created": created, "created_by": created_by, "comment": comment})
+    config["history"] = history
+    runtime = dict(config.get("config") or {})
+    runtime["Labels"] = {**(runtime.get("Labels") or {}), **labels}
+    runtime["Env"] = merge_env(runtime.get("Env") or [], env)
+    config["config"] = runtime
+    return config
+
+
+def new_manifest(base_manifest: Mapping, config_bytes: bytes, layer: Layer,
+                 annotations: Mapping[str, str]) -> dict:
+    """An OCI manifest: the base's layers (descriptors renamed to OCI types) plus the new layer.
+
+    The base's own annotations are not carried over: they describe the base, and the base is named by
+    org.opencontainers.image.base.* instead.
+    """
+    if base_manifest.get("mediaType") in INDEX_TYPES:
+        raise PatchkitError("expected an image manifest, got an index")
+    layers = []
+    for desc in base_manifest.get("layers") or []:
+        desc = dict(desc)
+        desc["mediaType"] = TO_OCI.get(desc["mediaType"], desc["mediaType"])
+        layers.append(desc)
+    layers.append(layer.descriptor())
+    return {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": descriptor(OCI_CONFIG, config_bytes),
+        "layers": layers,
+        "annotations": dict(annotations),
+    }
+
+
+def layout_index(manifest_bytes: bytes, platform: Platform, ref_name: str) -> dict:
+    """The index.json of an OCI layout holding one image, tagged `ref_name`."""
+    entry = descriptor(OCI_MANIFEST, manifest_bytes, platform=platform.as_dict(),
+                       annotations={"org.opencontainers.image.ref.name": ref_name})
+    return {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [entry]}
+
+
+def encode(obj: Mapping) -> bytes:
+    return canonical_json(obj)

@@ -1,0 +1,196 @@
+"""Deterministic layer tars (writer) and a streaming layer reader.
+
+The writer makes the same bytes from the same entries on every run and machine with the same zlib:
+entries sorted by path components, every mtime the build epoch (SOURCE_DATE_EPOCH or 0), owners
+numeric only (no user/group names), PAX format; gzip with mtime 0, no file name, fixed level. The
+layer digest (of the gzip) and diff_id (of the tar) both follow.
+
+The reader streams a layer once, front to back, as the registry serves it: no random access, so a
+multi-gigabyte layer is never held in memory.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import posixpath
+import tarfile
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO, Literal
+
+from patchkit.errors import PatchkitError
+from patchkit.oci.media import OCI_LAYER_GZIP
+
+WHITEOUT_PREFIX = ".wh."
+OPAQUE_MARKER = ".wh..wh..opq"
+GZIP_LEVEL = 9
+
+Kind = Literal["file", "dir", "whiteout"]
+
+
+def normalize(path: str) -> str:
+    """An image path as layer tars name it: relative to /, no './', no trailing slash ("" for /)."""
+    # normpath against a leading "/" clamps "..", folds "./" and "//"; lstrip drops POSIX's "//".
+    return posixpath.normpath("/" + path).lstrip("/")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a layer being written. `path` is an image path (with or without a leading /)."""
+
+    path: str
+    kind: Kind
+    data: bytes = b""
+    mode: int = 0o644
+    uid: int = 0
+    gid: int = 0
+
+
+@dataclass(frozen=True)
+class Layer:
+    blob: bytes           # the gzip-compressed tar, as pushed
+    digest: str           # sha256 of blob (the descriptor digest)
+    diff_id: str          # sha256 of the uncompressed tar (the config's rootfs.diff_ids entry)
+    media_type: str = OCI_LAYER_GZIP
+
+    @property
+    def size(self) -> int:
+        return len(self.blob)
+
+    def descriptor(self) -> dict:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+
+
+def _sort_key(entry: Entry) -> list[str]:
+    # By components, so a directory always precedes its children ("a/b" < "a/b/c" < "a/b-c" would not
+    # hold for plain string order, where "-" sorts before "/").
+    return normalize(entry.path).split("/")
+
+
+def build_layer(entries: Iterable[Entry], *, epoch: int) -> Layer:
+    entries = sorted(entries, key=_sort_key)
+    seen: set[str] = set()
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in entries:
+            name = normalize(entry.path)
+            if not name or ".." in entry.path.split("/"):
+                raise PatchkitError(f"layer entry path {entry.path!r} is not a path inside the image")
+            if name in seen:
+                raise PatchkitError(f"layer entry {name!r} appears twice")
+            seen.add(name)
+            info = tarfile.TarInfo(name)
+            info.mtime = epoch
+            info.uid, info.gid = entry.uid, entry.gid
+            info.uname = info.gname = ""
+            info.mode = entry.mode & 0o7777
+            payload = None
+            if entry.kind == "dir":
+                info.type = tarfile.DIRTYPE
+            elif entry.kind == "file":
+                info.type = tarfile.REGTYPE
+                info.size = len(entry.data)
+                payload = io.BytesIO(entry.data)
+            elif entry.kind == "whiteout":
+                base = posixpath.basename(name)
+                if not base.startswith(WHITEOUT_PREFIX):
+                    raise PatchkitError(f"whiteout entry {name!r} must be named .wh.<name>")
+                info.type = tarfile.REGTYPE
+            else:
+                raise PatchkitError(f"unknown layer entry kind {entry.kind!r}")
+            tar.addfile(info, payload)
+    tar_bytes = raw.getvalue()
+    packed = io.BytesIO()
+    # filename="" and mtime=0 keep the gzip header free of anything that varies between runs.
+    with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0, compresslevel=GZIP_LEVEL) as gz:
+        gz.write(tar_bytes)
+    blob = packed.getvalue()
+    return Layer(blob=blob, digest="sha256:" + hashlib.sha256(blob).hexdigest(),
+                 diff_id="sha256:" + hashlib.sha256(tar_bytes).hexdigest())
+
+
+def whiteout_path(path: str) -> str:
+    """The whiteout entry that deletes `path` from the layers below."""
+    head, tail = posixpath.split(normalize(path))
+    return posixpath.join(head, WHITEOUT_PREFIX + tail)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One entry of a layer being read, its name normalized. `whiteout` names the hidden path."""
+
+    name: str
+    kind: Literal["file", "dir", "symlink", "hardlink", "whiteout", "opaque", "other"]
+    mode: int
+    uid: int
+    gid: int
+    size: int
+    linkname: str = ""
+
+
+def _kind(info: tarfile.TarInfo) -> str:
+    if info.isreg():
+        return "file"
+    if info.isdir():
+        return "dir"
+    if info.issym():
+        return "symlink"
+    if info.islnk():
+        return "hardlink"
+    return "other"
+
+
+def iter_layer(stream: BinaryIO, what: str) -> Iterator[tuple[Member, tarfile.TarFile, tarfile.TarInfo]]:
+    """Stream a layer's members front to back. Whiteouts come back as kind 'whiteout' with `name` the
+    hidden path, opaque markers as kind 'opaque' with `name` the directory they empty.
+
+    gzip is recognised by its magic bytes rather than the media type: some registries mislabel.
+    """
+    head = stream.read(2)
+    rest = _Prefixed(head, stream)
+    # gzip.GzipFile checks the CRC and length at the end of the stream (tarfile's own "r|gz" does not,
+    # and takes a truncated archive for a short one), so the stream is drained to its end below.
+    inner = gzip.GzipFile(fileobj=rest, mode="rb") if head == b"\x1f\x8b" else rest
+    try:
+        with tarfile.open(fileobj=inner, mode="r|") as tar:
+            for info in tar:
+                name = normalize(info.name)
+                if not name:
+                    continue
+                head_dir, base = posixpath.split(name)
+                if base == OPAQUE_MARKER:
+                    member = Member(head_dir, "opaque", 0, 0, 0, 0)
+                elif base.startswith(WHITEOUT_PREFIX):
+                    member = Member(posixpath.join(head_dir, base[len(WHITEOUT_PREFIX):]), "whiteout", 0, 0, 0, 0)
+                else:
+                    member = Member(name, _kind(info), info.mode, info.uid, info.gid, info.size,
+                                    normalize(info.linkname) if info.islnk() else info.linkname)
+                yield member, tar, info
+        while inner.read(1 << 20):
+            pass
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise PatchkitError(f"cannot read layer {what}: {exc.__class__.__name__}: {exc}") from None
+
+
+class _Prefixed(io.RawIOBase):
+    """A stream with already-read bytes put back in front (tarfile's stream mode cannot seek)."""
+
+    def __init__(self, prefix: bytes, stream: BinaryIO):
+        self._prefix = prefix
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:  # type: ignore[override]
+        if self._prefix:
+            n = min(len(buf), len(self._prefix))
+            buf[:n] = self._prefix[:n]
+            self._prefix = self._prefix[n:]
+            return n
+        data = self._stream.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)

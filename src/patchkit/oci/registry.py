@@ -1,0 +1,344 @@
+"""A minimal OCI distribution client: manifests and blobs by digest, token auth, cross-repo mount.
+
+Only what an append-one-layer build needs (distribution-spec v1.1): GET/HEAD/PUT manifests, GET/HEAD
+blobs, monolithic blob upload (POST then PUT ?digest=), and `POST /v2/<name>/blobs/uploads/
+?mount=<digest>&from=<repo>` so base layers already in the registry are linked into the target
+repository instead of being downloaded and uploaded again. Every byte read is checked against the
+digest it was asked for: a registry cannot hand back different content than the reference pins.
+
+Credentials come from the files `docker login`/`podman login` write (`$REGISTRY_AUTH_FILE`,
+`$DOCKER_CONFIG/config.json`, `~/.docker/config.json`; inline `auth` entries only), so CI logs in with
+the usual action. Loopback registries are spoken to over plain HTTP, as Docker does; others over HTTPS
+unless listed in `$PATCHKIT_INSECURE_REGISTRIES` (comma-separated host[:port]).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urljoin
+
+import requests
+
+from patchkit.errors import PatchkitError
+from patchkit.oci.media import (DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST, check_digest,
+                                sha256_digest)
+from patchkit.oci.progress import Progress, Quiet
+
+MANIFEST_ACCEPT = ", ".join([OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST])
+DOCKER_HUB = "docker.io"
+DOCKER_HUB_API = "registry-1.docker.io"
+TIMEOUT = (10, 300)  # connect, read (seconds)
+CHUNK = 1 << 20
+
+_REF_RE = re.compile(
+    r"^(?P<repo>[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*)"
+    r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """`[registry/]repository[:tag][@sha256:...]`, normalized as Docker does (docker.io, library/)."""
+
+    registry: str
+    repository: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Reference:
+        first, _, rest = text.partition("/")
+        # The first component is a registry only if it looks like a host (Docker's rule).
+        if rest and ("." in first or ":" in first or first == "localhost"):
+            registry, remainder = first, rest
+        else:
+            registry, remainder = DOCKER_HUB, text
+        m = _REF_RE.match(remainder)
+        if not m:
+            raise PatchkitError(f"{text!r} is not an image reference ([registry/]repository[:tag][@sha256:...])")
+        repo = m.group("repo")
+        if registry == DOCKER_HUB and "/" not in repo:
+            repo = f"library/{repo}"
+        return cls(registry, repo, m.group("tag"), m.group("digest"))
+
+    @property
+    def name(self) -> str:
+        return f"{self.registry}/{self.repository}"
+
+    def __str__(self) -> str:
+        out = self.name
+        if self.tag:
+            out += f":{self.tag}"
+        if self.digest:
+            out += f"@{self.digest}"
+        return out
+
+    def with_tag(self, tag: str | None) -> Reference:
+        return Reference(self.registry, self.repository, tag, None)
+
+
+def _is_loopback(host: str) -> bool:
+    hostname = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
+    return hostname in ("localhost", "[::1]") or hostname.startswith("127.")
+
+
+def _credentials(registry: str) -> tuple[str, str] | None:
+    files = [os.environ.get("REGISTRY_AUTH_FILE"),
+             os.path.join(os.environ["DOCKER_CONFIG"], "config.json") if os.environ.get("DOCKER_CONFIG") else None,
+             os.path.expanduser("~/.docker/config.json")]
+    keys = {registry, f"https://{registry}", f"http://{registry}"}
+    if registry == DOCKER_HUB:
+        keys |= {"https://index.docker.io/v1/", "index.docker.io", DOCKER_HUB_API}
+    for name in filter(None, files):
+        try:
+            auths = json.loads(Path(name).read_text()).get("auths") or {}
+        except (OSError, ValueError):
+            continue
+        for key, entry in auths.items():
+            if key.rstrip("/") in keys or key in keys:
+                raw = (entry or {}).get("auth")
+                if raw:
+                    user, _, password = base64.b64decode(raw).decode().partition(":")
+                    return user, password
+    return None
+
+
+def _parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    scheme, _, params = header.partition(" ")
+    return scheme.lower(), dict(re.findall(r'(\w+)="([^"]*)"', params))
+
+
+class _Upload:
+    """A file body with a length (so requests sends Content-Length, not chunked) and progress."""
+
+    def __init__(self, path: Path, advance):
+        self._f = open(path, "rb")
+        self._len = path.stat().st_size
+        self._advance = advance
+
+    def __len__(self) -> int:
+        return self._len
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self._advance(len(data))
+        return data
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class RegistryClient:
+    def __init__(self, registry: str, *, progress: Progress | None = None, session: requests.Session | None = None):
+        self.registry = registry
+        insecure = {h.strip() for h in os.environ.get("PATCHKIT_INSECURE_REGISTRIES", "").split(",") if h.strip()}
+        scheme = "http" if _is_loopback(registry) or registry in insecure else "https"
+        host = DOCKER_HUB_API if registry == DOCKER_HUB else registry
+        self.base_url = f"{scheme}://{host}/v2/"
+        self.session = session or requests.Session()
+        self.progress = progress or Quiet()
+        self._tokens: dict[str, str] = {}
+        self._basic: str | None = None
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _request(self, method: str, path_or_url: str, scopes: tuple[str, ...], *, ok=(200,), **kw) -> requests.Response:
+        url = path_or_url if path_or_url.startswith("http") else urljoin(self.base_url, path_or_url)
+        headers = dict(kw.pop("headers", {}))
+        for attempt in range(2):
+            auth = self._tokens.get(" ".join(scopes)) or self._basic
+            if auth:
+                headers["Authorization"] = auth
+            body = kw.get("data")
+            if attempt and hasattr(body, "_f"):
+                body._f.seek(0)
+            try:
+                resp = self.session.request(method, url, headers=headers, timeout=TIMEOUT, **kw)
+            except requests.RequestException as exc:
+                raise PatchkitError(f"cannot reach registry {self.registry}: {exc.__class__.__name__}: {exc}") from None
+            if resp.status_code == 401 and attempt == 0:
+                self._authenticate(resp, scopes)
+                continue
+            break
+        if resp.status_code not in ok:
+            raise PatchkitError(f"registry {self.registry}: {method} {url} answered {resp.status_code}: "
+                                f"{_error_text(resp)}")
+        return resp
+
+    def _authenticate(self, resp: requests.Response, scopes: tuple[str, ...]) -> None:
+        scheme, params = _parse_challenge(resp.headers.get("WWW-Authenticate", ""))
+        creds = _credentials(self.registry)
+        if scheme == "basic":
+            if not creds:
+                raise PatchkitError(f"registry {self.registry} needs credentials: log in with docker/podman login")
+            self._basic = "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
+            return
+        if scheme != "bearer" or "realm" not in params:
+            raise PatchkitError(f"registry {self.registry} asked for unsupported authentication {scheme!r}")
+        query = {"service": params.get("service", ""), "scope": list(scopes)}
+        try:
+            tok = self.session.get(params["realm"], params=query, auth=creds, timeout=TIMEOUT)
+        except requests.RequestException as exc:
+            raise PatchkitError(f"cannot reach the token service of {self.registry}: {exc}") from None
+        if tok.status_code != 200:
+            raise PatchkitError(f"registry {self.registry} refused a token for {' '.join(scopes)} "
+                                f"({tok.status_code}): {_error_text(tok)}")
+        body = tok.json()
+        self._tokens[" ".join(scopes)] = "Bearer " + (body.get("token") or body.get("access_token") or "")
+
+    # -- manifests ------------------------------------------------------------------------------
+    def get_manifest(self, repo: str, ref: str) -> tuple[bytes, str]:
+        """(bytes, media type) of a manifest or index by tag or digest; a digest is verified."""
+        resp = self._request("GET", f"{repo}/manifests/{ref}", (f"repository:{repo}:pull",),
+                             ok=(200, 404), headers={"Accept": MANIFEST_ACCEPT})
+        if resp.status_code == 404:
+            raise PatchkitError(f"{self.registry}/{repo}:{ref} not found in the registry")
+        data = resp.content
+        if ref.startswith("sha256:") and sha256_digest(data) != ref:
+            raise PatchkitError(f"{self.registry}/{repo}@{ref}: the registry returned a manifest with "
+                                f"digest {sha256_digest(data)}")
+        media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
+        try:
+            media_type = json.loads(data).get("mediaType") or media_type
+        except ValueError:
+            pass
+        return data, media_type
+
+    def put_manifest(self, repo: str, ref: str, data: bytes, media_type: str) -> str:
+        resp = self._request("PUT", f"{repo}/manifests/{ref}", (f"repository:{repo}:pull,push",), ok=(200, 201),
+                             data=data, headers={"Content-Type": media_type})
+        digest = sha256_digest(data)
+        served = resp.headers.get("Docker-Content-Digest")
+        if served and served != digest:
+            raise PatchkitError(f"registry {self.registry} stored {repo}:{ref} as {served}, expected {digest}")
+        return digest
+
+    # -- blobs ----------------------------------------------------------------------------------
+    def blob_exists(self, repo: str, digest: str) -> bool:
+        resp = self._request("HEAD", f"{repo}/blobs/{check_digest(digest)}", (f"repository:{repo}:pull",),
+                             ok=(200, 404))
+        return resp.status_code == 200
+
+    def download_blob(self, repo: str, digest: str, dest: Path, size: int | None = None) -> Path:
+        """Stream a blob to `dest` (via a temporary file in the same directory), verifying its digest."""
+        check_digest(digest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        resp = self._request("GET", f"{repo}/blobs/{digest}", (f"repository:{repo}:pull",), stream=True)
+        sha = hashlib.sha256()
+        fd, tmp = tempfile.mkstemp(prefix=".part-", dir=dest.parent)
+        try:
+            with os.fdopen(fd, "wb") as out, self.progress.task(f"pull {digest[7:19]}", size) as advance:
+                for chunk in resp.iter_content(CHUNK):
+                    sha.update(chunk)
+                    out.write(chunk)
+                    advance(len(chunk))
+            if "sha256:" + sha.hexdigest() != digest:
+                raise PatchkitError(f"registry {self.registry}: blob {repo}@{digest} arrived with digest "
+                                    f"sha256:{sha.hexdigest()}")
+            os.replace(tmp, dest)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return dest
+
+    def stream_blob(self, repo: str, digest: str, size: int | None = None) -> "_Download":
+        """A file-like reader over a blob as it arrives (nothing on disk). The caller verifies the
+        digest (the layer reader hashes what it reads); `upload_blob` accepts it as a body."""
+        resp = self._request("GET", f"{repo}/blobs/{check_digest(digest)}", (f"repository:{repo}:pull",), stream=True)
+        length = resp.headers.get("Content-Length")
+        return _Download(resp, size if size is not None else int(length) if length else None, self.progress,
+                         f"pull {digest[7:19]}")
+
+    def mount_blob(self, repo: str, digest: str, from_repo: str) -> bool:
+        """Link a blob from another repository of this registry. False if the registry declined (it
+        then opened an upload session, which is cancelled)."""
+        resp = self._request("POST", f"{repo}/blobs/uploads/?mount={check_digest(digest)}&from={from_repo}",
+                             (f"repository:{repo}:pull,push", f"repository:{from_repo}:pull"), ok=(201, 202))
+        if resp.status_code == 201:
+            return True
+        location = resp.headers.get("Location")
+        if location:
+            try:
+                self.session.delete(urljoin(self.base_url, location), timeout=TIMEOUT,
+                                    headers={"Authorization": self._tokens.get(f"repository:{repo}:pull,push "
+                                                                               f"repository:{from_repo}:pull", "")})
+            except requests.RequestException:
+                pass  # an abandoned session expires on its own
+        return False
+
+    def upload_blob(self, repo: str, digest: str, content: bytes | Path | _Download) -> None:
+        """Monolithic upload; `content` may be bytes, a file, or another registry's `stream_blob`
+        (copied through without touching the disk: the registry checks the digest on PUT)."""
+        scopes = (f"repository:{repo}:pull,push",)
+        resp = self._request("POST", f"{repo}/blobs/uploads/", scopes, ok=(202,))
+        location = urljoin(self.base_url, resp.headers["Location"])
+        location += ("&" if "?" in location else "?") + f"digest={digest}"
+        if isinstance(content, _Download):
+            if content.size is None:
+                raise PatchkitError(f"cannot copy blob {digest}: its size is unknown")
+            with content:
+                self._request("PUT", location, scopes, ok=(201,), data=content,
+                              headers={"Content-Type": "application/octet-stream", "Content-Length": str(content.size)})
+            return
+        size = len(content) if isinstance(content, bytes) else content.stat().st_size
+        with self.progress.task(f"push {digest[7:19]}", size) as advance:
+            if isinstance(content, bytes):
+                self._request("PUT", location, scopes, ok=(201,), data=content,
+                              headers={"Content-Type": "application/octet-stream"})
+                advance(size)
+            else:
+                body = _Upload(content, advance)
+                try:
+                    self._request("PUT", location, scopes, ok=(201,), data=body,
+                                  headers={"Content-Type": "application/octet-stream",
+                                           "Content-Length": str(size)})
+                finally:
+                    body.close()
+
+
+class _Download:
+    """A streaming blob body: `read(n)` with progress, and a length so it can be re-sent as a body."""
+
+    def __init__(self, resp: requests.Response, size: int | None, progress: Progress, label: str):
+        self._resp = resp
+        self._raw = resp.raw
+        self._raw.decode_content = False  # the blob's bytes as stored, never transfer-decoded
+        self.size = size
+        self._task = progress.task(label, size)
+        self._advance = self._task.__enter__()
+
+    def __len__(self) -> int:
+        return self.size or 0
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            data = self._raw.read(None if n is None or n < 0 else n)
+        except Exception as exc:  # urllib3 errors: a dropped connection mid-blob
+            raise PatchkitError(f"download interrupted: {exc.__class__.__name__}: {exc}") from None
+        self._advance(len(data))
+        return data
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.__exit__(None, None, None)
+            self._task = None
+        self._resp.close()
+
+    def __enter__(self) -> _Download:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _error_text(resp: requests.Response) -> str:
+    try:
+        errors = resp.json().get("errors") or []
+        return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors) or resp.text[:200]
+    except ValueError:
+        return resp.text[:200] or resp.reason

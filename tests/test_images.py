@@ -1,0 +1,132 @@
+"""images/<name>/image.toml: the five real definitions, and every rule the loader enforces."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from patchkit.errors import PatchkitError
+from patchkit.images import ARCH_ENV, load_image, load_images
+from patchkit.model import load_patchset
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELD_DIGEST = "sha256:905c02933be6021301db2dc284e24e3727467aa3a0f63b41d609885778a07bce"
+NAMES = {"glm53-flash-nvfp4", "glm53-flash-nvfp4-lab", "glm53-flash-nvfp4-4p67", "glm53-flash-nvidia-nvfp4",
+         "glm53-flash-nvfp4-redhat"}
+
+
+@pytest.fixture(scope="module")
+def patchset():
+    return load_patchset(ROOT / "patches")
+
+
+@pytest.fixture(scope="module")
+def images(patchset):
+    return load_images(ROOT / "images", patchset)
+
+
+def test_the_five_images_load(images, patchset):
+    assert set(images) == NAMES
+    for image in images.values():
+        assert image.base == f"vllm/vllm-openai:glm53-flash-arm64-cu130@{FIELD_DIGEST}"
+        assert image.platform == "linux/arm64"
+        assert image.packages["vllm"].path == "/usr/local/lib/python3.12/dist-packages/vllm"
+        assert image.engine_versions() == {"vllm": "0.30.0"}
+        assert {k: image.env[k] for k in ARCH_ENV} == ARCH_ENV
+        assert ("nope-mla-pad" in image.series) == (image.env.get("VLLM_MLA_NOPE_PAD_ROPE") == "1")
+        for key in ("image", "base", "series", "env", "packages.vllm"):
+            assert image.why.get(key, "").strip(), f"{image.name}: no why for {key}"
+        order = [patchset.order.index(p) for p in image.series]
+        assert order == sorted(order), "series must be in application order"
+
+
+def test_inheritance_follows_the_images_table(images):
+    root, lab, p467 = images["glm53-flash-nvfp4"], images["glm53-flash-nvfp4-lab"], images["glm53-flash-nvfp4-4p67"]
+    assert "nope-mla-pad" in root.series
+    assert set(lab.series) == set(root.series) | {"modelopt-mtp-namespace"}
+    assert p467.parent == "glm53-flash-nvfp4-lab"
+    assert set(p467.series) == set(lab.series) | {"packed-modules-4p67"}
+    assert images["glm53-flash-nvfp4-redhat"].series == root.series
+    assert "modelopt-mtp-namespace" not in images["glm53-flash-nvidia-nvfp4"].series
+    assert p467.env == lab.env == root.env
+    assert p467.labels["dev.patchkit.checkpoint"] == "local-inference-lab/GLM-5.3-Flash-NVFP4-4p67"
+    assert p467.labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+
+
+ROOT_IMAGE = """
+schema = 1
+name = "{name}"
+title = "t"
+why = "w"
+[base]
+ref = "example.org/base:tag@sha256:{digest}"
+platform = "linux/arm64"
+source = "s"
+why = "w"
+[packages.vllm]
+path = "/usr/lib/python3.12/site-packages/vllm"
+version = "0.33.0"
+why = "w"
+[series]
+patches = {series}
+why = "w"
+[env]
+why = "w"
+vars = {env}
+"""
+ENV_OK = ('{ TORCH_CUDA_ARCH_LIST = "12.1a", FLASHINFER_CUDA_ARCH_LIST = "12.1f", CUTE_DSL_ARCH = "sm_121a", '
+          'CMAKE_CUDA_ARCHITECTURES = "121", VLLM_MLA_NOPE_PAD_ROPE = "1" }')
+
+
+def child(name, parent, add='["pool-topk-init"]'):
+    return f'schema = 1\nname = "{name}"\ntitle = "t"\nwhy = "w"\nparent = "{parent}"\n[series]\nadd = {add}\nwhy = "w"\n'
+
+
+def write(tmp_path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (tmp_path / name).mkdir(parents=True, exist_ok=True)
+        (tmp_path / name / "image.toml").write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+def root(name="a", series='["nope-mla-pad"]', env=ENV_OK, digest="0" * 64):
+    return ROOT_IMAGE.format(name=name, series=series, env=env, digest=digest)
+
+
+def test_a_valid_child_inherits(tmp_path, patchset):
+    d = write(tmp_path, {"a": root(), "b": child("b", "a")})
+    b = load_image(d, "b", patchset)
+    assert b.series == ("nope-mla-pad", "pool-topk-init") and b.base.startswith("example.org/base:tag@")
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"a": child("a", "b"), "b": child("b", "a")}, "inheritance cycle: a -> b -> a"),
+    ({"a": child("a", "zz")}, "parent 'zz' has no"),
+    ({"a": root(series='["nope-mla-pad", "no-such-patch"]')}, "unknown patches"),
+    ({"a": root(series='["pool-topk-init", "nope-mla-pad"]')}, "not in the application order"),
+    ({"a": root(series="[]")}, "patches is empty"),
+    ({"a": root(), "b": child("b", "a", add='["nope-mla-pad"]')}, "already in the series"),
+    ({"a": root(digest="abc")}, "must be pinned by digest"),
+    ({"a": root().replace('example.org/base:tag@sha256:' + "0" * 64, "example.org/base:tag")}, "pinned by digest"),
+    ({"a": root(env='{ TORCH_CUDA_ARCH_LIST = "12.1a" }')}, "FLASHINFER_CUDA_ARCH_LIST must be '12.1f'"),
+    ({"a": root(series='["pool-topk-init"]')}, "VLLM_MLA_NOPE_PAD_ROPE switches nope-mla-pad"),
+    ({"a": root(env=ENV_OK.replace('VLLM_MLA_NOPE_PAD_ROPE = "1"', 'X = "1"'))}, "set it to '1'"),
+    ({"a": root().replace('name = "a"', 'name = "b"')}, "must equal the folder name"),
+    ({"a": root().replace('title = "t"', 'title = "t"\ncolour = "red"')}, "unknown keys"),
+    ({"a": root().replace('platform = "linux/arm64"', 'platform = "linux/amd64"')}, "platform 'linux/amd64'"),
+    ({"a": root().replace('version = "0.33.0"', 'version = "0.33.0"\nlayout = "0.31.0.dev1"')}, "must name a release"),
+    ({"a": root().replace('/site-packages/vllm"', '/site-packages/other"')}, "absolute directory of the vllm"),
+    ({"a": root().replace('[series]\npatches', '[series]\nadd')}, "root image lists its series"),
+    ({"a": root(), "b": child("b", "a").replace("add =", "patches =")}, "extends its parent's series"),
+    ({"a": root().replace('why = "w"\n[base]', '[base]')}, "why is required"),
+])
+def test_invalid_definitions_are_clear_errors(tmp_path, patchset, files, message):
+    d = write(tmp_path, files)
+    with pytest.raises(PatchkitError, match=message):
+        load_images(d, patchset)
+
+
+def test_unknown_image_name(tmp_path, patchset):
+    d = write(tmp_path, {"a": root()})
+    with pytest.raises(PatchkitError, match="unknown image 'x'"):
+        load_image(d, "x", patchset)

@@ -1,0 +1,87 @@
+"""The distribution client against a real registry (Debian's docker-registry on 127.0.0.1)."""
+
+import hashlib
+
+import pytest
+
+from registry import free_port, registry_server  # noqa: F401  (session fixture)
+
+from patchkit.errors import PatchkitError
+from patchkit.oci.media import OCI_MANIFEST, canonical_json, sha256_digest
+from patchkit.oci.registry import Reference, RegistryClient
+
+pytestmark = pytest.mark.registry
+
+
+@pytest.mark.parametrize("text, registry, repo, tag, digest", [
+    ("ubuntu", "docker.io", "library/ubuntu", None, None),
+    ("vllm/vllm-openai:glm53-flash-arm64-cu130@sha256:" + "a" * 64, "docker.io", "vllm/vllm-openai",
+     "glm53-flash-arm64-cu130", "sha256:" + "a" * 64),
+    ("127.0.0.1:5000/a/b:t", "127.0.0.1:5000", "a/b", "t", None),
+    ("ghcr.io/o/img", "ghcr.io", "o/img", None, None),
+    ("localhost/x", "localhost", "x", None, None),
+])
+def test_reference_parse(text, registry, repo, tag, digest):
+    ref = Reference.parse(text)
+    assert (ref.registry, ref.repository, ref.tag, ref.digest) == (registry, repo, tag, digest)
+
+
+@pytest.mark.parametrize("bad", ["Upper/Case", "a::b", "x@sha256:123", ""])
+def test_bad_references_are_refused(bad):
+    with pytest.raises(PatchkitError, match="not an image reference"):
+        Reference.parse(bad)
+
+
+def test_blob_and_manifest_round_trip_with_cross_repo_mount(registry_server, tmp_path):
+    client = RegistryClient(registry_server.host)
+    data = b"layer bytes " * 1000
+    digest = sha256_digest(data)
+    assert not client.blob_exists("src/repo", digest)
+    client.upload_blob("src/repo", digest, data)
+    assert client.blob_exists("src/repo", digest)
+
+    # mounted, not uploaded: the registry links the blob into the other repository
+    assert client.mount_blob("dst/repo", digest, "src/repo") is True
+    assert client.blob_exists("dst/repo", digest)
+    # a mount from a repository that lacks the blob is declined (the caller then uploads)
+    other = sha256_digest(b"other")
+    assert client.mount_blob("dst/repo", other, "src/repo") is False
+    assert not client.blob_exists("dst/repo", other)
+
+    path = tmp_path / "blob"
+    client.download_blob("dst/repo", digest, path, len(data))
+    assert path.read_bytes() == data
+
+    big = tmp_path / "big"
+    big.write_bytes(bytes(range(256)) * 4096)
+    big_digest = "sha256:" + hashlib.sha256(big.read_bytes()).hexdigest()
+    client.upload_blob("dst/repo", big_digest, big)
+    assert client.blob_exists("dst/repo", big_digest)
+
+    config = canonical_json({"architecture": "arm64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}})
+    client.upload_blob("dst/repo", sha256_digest(config), config)
+    manifest = canonical_json({"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+                               "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                          "digest": sha256_digest(config), "size": len(config)},
+                               "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                                           "digest": digest, "size": len(data)}]})
+    assert client.put_manifest("dst/repo", "v1", manifest, OCI_MANIFEST) == sha256_digest(manifest)
+    assert client.get_manifest("dst/repo", "v1") == (manifest, OCI_MANIFEST)
+    assert client.get_manifest("dst/repo", sha256_digest(manifest))[0] == manifest
+    with pytest.raises(PatchkitError, match="not found"):
+        client.get_manifest("dst/repo", "nope")
+
+
+def test_a_blob_that_does_not_match_its_digest_is_refused(registry_server, tmp_path):
+    client = RegistryClient(registry_server.host)
+    with pytest.raises(PatchkitError):
+        client.upload_blob("x/repo", sha256_digest(b"claimed"), b"actual")   # the registry checks too
+    with pytest.raises(PatchkitError, match="answered 404"):
+        client.download_blob("x/repo", sha256_digest(b"absent"), tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
+def test_an_unreachable_registry_is_a_clear_error():
+    client = RegistryClient(f"127.0.0.1:{free_port()}")
+    with pytest.raises(PatchkitError, match="cannot reach registry 127.0.0.1"):
+        client.get_manifest("a/b", "latest")

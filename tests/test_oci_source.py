@@ -1,0 +1,113 @@
+"""ImageLayersSource: the merged view of a base image's layers, read without unpacking the image."""
+
+import pytest
+
+from registry import raw_layer, small_layout, tar_gz
+
+from patchkit.errors import PatchkitError
+from patchkit.oci.base import open_base
+from patchkit.oci.media import Platform
+from patchkit.oci.source import ImageLayersSource, PackageRoot
+
+SITE = "usr/lib/python3.12/site-packages"
+ARM64 = Platform.parse("linux/arm64")
+
+
+def source(tmp_path, layers, declared="1.2.3", required=True):
+    small_layout(tmp_path / "img", layers)
+    base = open_base(str(tmp_path / "img"), ARM64, cache=tmp_path / "cache")
+    return ImageLayersSource(base, [PackageRoot("vllm", f"/{SITE}/vllm", "vllm", declared, required)])
+
+
+def meta(version="1.2.3"):
+    return f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n\nbody\n".encode()
+
+
+def test_top_most_layer_wins_and_lower_layers_are_not_read(tmp_path):
+    bottom = tar_gz({"etc/os-release": b"x", f"{SITE}/vllm/a.py": b"old\n"})
+    middle = tar_gz({f"{SITE}/vllm/a.py": b"new\n", f"{SITE}/vllm/b.py": b"b\n",
+                     f"{SITE}/vllm-1.2.3.dist-info/METADATA": meta()})
+    top = tar_gz({"etc/motd": b"hi"})
+    src = source(tmp_path, [bottom, middle, top])
+    src.prefetch([("vllm", "a.py"), ("vllm", "b.py")])
+    assert src.read("vllm", "a.py") == b"new\n"
+    assert src.read("vllm", "b.py") == b"b\n"
+    assert src.versions() == {"vllm": "1.2.3"}
+    assert src.layers_read == [src.base.layers[2]["digest"], src.base.layers[1]["digest"]]
+    # proving a file absent needs every layer
+    assert src.read("vllm", "missing.py") is None
+    assert len(src.layers_read) == 3
+
+
+def test_whiteouts_and_opaque_directories_hide_lower_files(tmp_path):
+    bottom = tar_gz({f"{SITE}/vllm/a.py": b"a\n", f"{SITE}/vllm/sub/c.py": b"c\n", f"{SITE}/vllm/d.py": b"d\n",
+                     f"{SITE}/vllm-1.2.3.dist-info/METADATA": meta()})
+    top = raw_layer([(f"{SITE}/vllm/.wh.a.py", b""), (f"{SITE}/vllm/sub/.wh..wh..opq", b""),
+                     (f"{SITE}/vllm/sub/e.py", b"e\n")])
+    src = source(tmp_path, [bottom, top])
+    assert src.read("vllm", "a.py") is None
+    assert src.read("vllm", "sub/c.py") is None
+    assert src.read("vllm", "sub/e.py") == b"e\n"
+    assert src.read("vllm", "d.py") == b"d\n"
+
+
+def test_a_whited_out_package_directory_hides_everything_below(tmp_path):
+    bottom = tar_gz({f"{SITE}/vllm/a.py": b"a\n", f"{SITE}/vllm-1.2.3.dist-info/METADATA": meta()})
+    top = raw_layer([(f"{SITE}/.wh.vllm", b"")])
+    src = source(tmp_path, [bottom, top])
+    assert src.read("vllm", "a.py") is None
+
+
+def test_links_are_refused(tmp_path):
+    layer = tar_gz({f"{SITE}/vllm-1.2.3.dist-info/METADATA": meta()}, symlinks={f"{SITE}/vllm/a.py": "/etc/passwd"})
+    src = source(tmp_path, [layer])
+    with pytest.raises(PatchkitError, match="symlink"):
+        src.read("vllm", "a.py")
+
+
+def test_declared_version_is_checked_against_metadata(tmp_path):
+    layer = tar_gz({f"{SITE}/vllm/a.py": b"a\n", f"{SITE}/vllm-0.33.0.dist-info/METADATA": meta("0.33.0")})
+    src = source(tmp_path, [layer], declared="0.1.dev20051+g487ecf187")
+    with pytest.raises(PatchkitError, match="declares vllm 0.1.dev20051.g487ecf187 but the base carries 0.33.0"):
+        src.versions()
+
+
+def test_undeclared_version_comes_from_metadata_and_is_required(tmp_path):
+    layer = tar_gz({f"{SITE}/vllm/a.py": b"a\n", f"{SITE}/vllm-0.33.0.dist-info/METADATA": meta("0.33.0")})
+    assert source(tmp_path / "1", [layer], declared=None).versions() == {"vllm": "0.33.0"}
+    bare = tar_gz({f"{SITE}/vllm/a.py": b"a\n"})
+    with pytest.raises(PatchkitError, match="version in this base is unknown"):
+        source(tmp_path / "2", [bare], declared=None).versions()
+    assert source(tmp_path / "3", [bare], declared=None, required=False).versions() == {}
+
+
+def test_paths_outside_the_package_are_refused(tmp_path):
+    src = source(tmp_path, [tar_gz({f"{SITE}/vllm/a.py": b"a\n"})])
+    with pytest.raises(PatchkitError):
+        src.read("vllm", "../../../../etc/passwd")
+    assert src.read("flashinfer", "x.py") is None
+
+
+def test_a_corrupted_layer_blob_is_detected(tmp_path):
+    good = tar_gz({f"{SITE}/vllm/a.py": b"a\n"})
+    src = source(tmp_path, [good])
+    path = src.base.layout.blob_path(src.base.layers[0]["digest"])
+    path.write_bytes(tar_gz({f"{SITE}/vllm/a.py": b"evil\n"})[0])
+    with pytest.raises(PatchkitError, match="does not match"):
+        src.read("vllm", "a.py")
+
+
+def test_bytecode_of_a_module_is_listed(tmp_path):
+    layer = tar_gz({f"{SITE}/vllm/m/a.py": b"a\n", f"{SITE}/vllm/m/__pycache__/a.cpython-312.pyc": b"pyc",
+                    f"{SITE}/vllm/m/__pycache__/a.cpython-312.opt-1.pyc": b"pyc",
+                    f"{SITE}/vllm/m/__pycache__/ab.cpython-312.pyc": b"other module"})
+    src = source(tmp_path, [layer])
+    src.read("vllm", "m/a.py")
+    assert src.pycache("vllm", "m/a.py") == [f"/{SITE}/vllm/m/__pycache__/a.cpython-312.opt-1.pyc",
+                                             f"/{SITE}/vllm/m/__pycache__/a.cpython-312.pyc"]
+
+
+def test_a_base_for_another_platform_is_refused(tmp_path):
+    small_layout(tmp_path / "img", [tar_gz({"a": b"1"})], arch="amd64")
+    with pytest.raises(PatchkitError, match="linux/amd64 image, not linux/arm64"):
+        open_base(str(tmp_path / "img"), ARM64, cache=tmp_path / "cache")

@@ -26,6 +26,8 @@ def install_vllm_env(session: nox.Session) -> None:
     """vLLM's pure-Python dependencies, then vLLM itself without its CUDA-only kernel packages."""
     session.install("-r", str(ROOT / "requirements" / "vllm-test.txt"))
     session.install("--no-deps", VLLM_PIN)
+    session.install("--no-deps", "nvidia-modelopt==0.47.0")  # the real NVFP4 packer for the CPU smoke
+    session.install("-r", str(ROOT / "requirements" / "modelopt-test.txt"))
     session.install("-e", f"{ROOT}[test]")
 
 

@@ -102,7 +102,7 @@ def test_bf16_taps_widen_exactly(taps):
 
 def test_series_guards_the_taps(patched_vllm):
     """The assert patch is the guard: it is in the series that built the patched tree (the same
-    selection as tests/patches/conftest.py) and every invariant holds on that tree."""
+    selection as tests/conftest.py) and every invariant holds on that tree."""
     excluded = {i for i in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(",") if i}
     patchset = load_patchset(REPO / "patches")
     series = [p.id for p in patchset.series() if p.id not in excluded]

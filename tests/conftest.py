@@ -26,7 +26,7 @@ from patchkit.model import load_patchset
 from patchkit.sources.directory import DirectorySource
 from patchkit.tree import write_changes
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass

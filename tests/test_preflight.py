@@ -1,0 +1,145 @@
+"""preflight on generated header sets (real size and tiny) and on broken checkpoints."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from patchkit.checkpoint import sha256_bytes
+from patchkit.errors import PatchkitError
+from patchkit.preflight import GB10_MEMORY_GIB, preflight
+from patchkit.smoke_cpu import LAYOUTS, REAL_DIMS, TINY_DIMS, write_header_set
+from patchkit.variants import Pins, find_variant
+
+IMAGES = Path(__file__).resolve().parents[1] / "images"
+
+
+def unpinned(name: str, **checkpoint_changes):
+    v = find_variant(name, IMAGES)
+    return replace(v, checkpoint=replace(v.checkpoint, pins=Pins(None, None), **checkpoint_changes))
+
+
+def pins_of(root: Path) -> dict:
+    return {
+        "pin_config": sha256_bytes((root / "config.json").read_bytes()),
+        "pin_index": sha256_bytes((root / "model.safetensors.index.json").read_bytes()),
+    }
+
+
+def make(tmp_path: Path, layout_name: str, dims=TINY_DIMS, edit_config=None, **layout_changes) -> Path:
+    root = tmp_path / layout_name
+    write_header_set(root, replace(LAYOUTS[layout_name], **layout_changes), dims, shards=3)
+    if edit_config:
+        config = json.loads((root / "config.json").read_text())
+        edit_config(config)
+        (root / "config.json").write_text(json.dumps(config))
+    return root
+
+
+@pytest.mark.parametrize("name", ["lab", "4p67", "nvidia-nvfp4", "redhat", "libertai"])
+def test_every_variant_layout_passes(tmp_path, name):
+    root = make(tmp_path, name)
+    report = preflight(root, unpinned(name), **pins_of(root))
+    assert report.ok, report.problems
+    assert report.patches["checkpoint"] == sorted(find_variant(name, IMAGES).patches)
+    assert report.patches["platform"] == ["nope-mla-pad", "persistent-topk-cc12", "pool-topk-init"]
+    assert bool(report.mtp["layers"]) == (name != "redhat")
+    json.loads(report.to_json())
+    with open("/dev/null", "w") as sink:
+        Console(file=sink).print(report)
+
+
+def test_real_size_nvidia_checkpoint(tmp_path):
+    root = make(tmp_path, "nvidia-nvfp4", dims=REAL_DIMS)
+    report = preflight(root, unpinned("nvidia-nvfp4"), **pins_of(root))
+    assert report.ok, report.problems
+    assert report.tensors > 145_000 and report.header_only_shards == 3
+    assert report.mtp == {"layers": [45], "routed_expert_formats": {"BF16": 864}, "excluded_by_override": True}
+    mem = report.memory
+    assert 85 < mem["weights_gib_per_rank"] < 97 and mem["kv_gib"] == 10.0
+    assert mem["total_gib"] == pytest.approx(mem["weights_gib_per_rank"] + 10 + mem["reserve_gib"])
+    # One Spark alone cannot hold it.
+    alone = preflight(root, unpinned("nvidia-nvfp4"), tp=1, **pins_of(root))
+    assert any(f"exceed GB10's {GB10_MEMORY_GIB} GiB at TP=1" in p for p in alone.problems)
+
+
+def test_bf16_mtp_outside_ignore_fails_without_the_exclusion(tmp_path):
+    root = make(tmp_path, "nvidia-nvfp4")
+    report = preflight(root, unpinned("nvidia-nvfp4", exclude_mtp_from_quant=False), **pins_of(root))
+    assert not report.ok
+    assert any("mtp routed_expert module(s) stored BF16 but vLLM 0.33 builds them NVFP4" in p for p in report.problems)
+    assert any("mtp shared_expert" in p for p in report.problems)
+
+
+def test_lab_without_the_namespace_patch_is_flagged(tmp_path):
+    root = make(tmp_path, "lab")
+    variant = replace(unpinned("lab"), patches=())
+    report = preflight(root, variant, **pins_of(root))
+    assert report.problems == [
+        "the checkpoint needs patch modelopt-mtp-namespace (mtp routed_expert); variant lab does not list it"
+    ]
+
+
+def test_4p67_needs_packed_modules_for_its_attention(tmp_path):
+    root = make(tmp_path, "4p67")
+    report = preflight(root, replace(unpinned("4p67"), patches=("modelopt-mtp-namespace",)), **pins_of(root))
+    assert len(report.problems) == 1 and "packed-modules-4p67 (main attention, main indexer, mtp attention" in report.problems[0]
+
+
+def test_redhat_with_mtp_weights_contradicts_the_variant(tmp_path):
+    root = make(tmp_path, "redhat", has_mtp=True)
+    report = preflight(root, unpinned("redhat"), **pins_of(root))
+    assert "variant says no MTP weights, but the checkpoint has tensors under layers [45]" in report.problems
+
+
+def test_weight_only_storage_under_a_w4a4_declaration(tmp_path):
+    """NVFP4 (W4A4) declared, no input_scale stored: vLLM would fold an unloaded scale."""
+    root = make(tmp_path, "nvidia-nvfp4", storage={"routed_expert": "NVFP4A16", "dense_mlp": "NVFP4",
+                                                   "mtp:routed_expert": "BF16"})
+    report = preflight(root, unpinned("nvidia-nvfp4"), **pins_of(root))
+    assert any("main routed_expert module(s) stored NVFP4A16 but vLLM 0.33 builds them NVFP4" in p for p in report.problems)
+
+    def weight_only(config):  # the same storage declared weight-only: vLLM reroutes to W4A16 and loads it
+        for group in config["quantization_config"]["config_groups"].values():
+            group.pop("input_activations")
+
+    root2 = make(tmp_path / "b", "nvidia-nvfp4", edit_config=weight_only,
+                 storage={"routed_expert": "NVFP4A16", "dense_mlp": "NVFP4A16", "mtp:routed_expert": "BF16"})
+    assert preflight(root2, unpinned("nvidia-nvfp4"), **pins_of(root2)).ok
+
+
+def test_quantized_attention_in_a_flat_checkpoint_cannot_load(tmp_path):
+    root = make(tmp_path, "libertai", storage={"routed_expert": "NVFP4A16", "attention": "NVFP4A16"})
+    report = preflight(root, unpinned("libertai"), **pins_of(root))
+    assert any("main attention module(s) stored NVFP4A16 but vLLM 0.33 builds them unquantized" in p for p in report.problems)
+
+
+def test_identity_and_declaration_fail_closed(tmp_path):
+    root = make(tmp_path, "lab")
+    with pytest.raises(PatchkitError, match="no known SHA-256 pin"):
+        preflight(root, unpinned("lab"))
+    with pytest.raises(PatchkitError, match="does not match the pin"):
+        preflight(root, unpinned("lab"), pin_config="0" * 64, pin_index=pins_of(root)["pin_index"])
+    with pytest.raises(PatchkitError, match="declares modelopt MIXED_PRECISION; variant nvidia-nvfp4 expects modelopt NVFP4"):
+        preflight(root, unpinned("nvidia-nvfp4"), **pins_of(root))
+    # No variant named and no pinned variant matches these files.
+    with pytest.raises(PatchkitError, match="matches no pinned variant.*--variant"):
+        preflight(root, images_dir=IMAGES)
+
+
+def test_variant_is_detected_from_its_pins(tmp_path):
+    """A pinned variant is found by hashing alone; here an images dir whose nvidia pins are this set's."""
+    root = make(tmp_path, "nvidia-nvfp4")
+    images = tmp_path / "images"
+    (images / "glm53-flash-nvidia-nvfp4").mkdir(parents=True)
+    text = (IMAGES / "glm53-flash-nvidia-nvfp4" / "variant.toml").read_text()
+    pins = pins_of(root)
+    text = text.replace(find_variant("nvidia-nvfp4", IMAGES).checkpoint.pins.config_sha256, pins["pin_config"])
+    text = text.replace(find_variant("nvidia-nvfp4", IMAGES).checkpoint.pins.index_sha256, pins["pin_index"])
+    (images / "glm53-flash-nvidia-nvfp4" / "variant.toml").write_text(text)
+    report = preflight(root, images_dir=images)
+    assert report.variant == "nvidia-nvfp4" and report.ok

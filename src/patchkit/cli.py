@@ -73,7 +73,7 @@ class PatchkitGroup(click.Group):
             return super().invoke(ctx)
         except PatchkitError as e:
             err_console.print(f"[bold red]patchkit: {'patch failed' if isinstance(e, PatchFailed) else 'error'}:[/] ", end="")
-            err_console.print(str(e), markup=False, highlight=False)
+            err_console.print(str(e), markup=False, highlight=False, soft_wrap=True)
             sys.exit(e.exit_code)
 
 
@@ -414,6 +414,10 @@ def upstream(patches_dir, write):
     else:
         click.echo(text, nl=False)
 
+
+from .verify_cli import verify_command  # noqa: E402  (registered last: it imports helpers from here)
+
+main.add_command(verify_command)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

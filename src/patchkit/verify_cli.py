@@ -1,0 +1,74 @@
+"""The `patchkit verify` command; the group in cli.py registers it and maps PatchkitError to exit 2.
+
+Everything heavy is imported inside the command, so `patchkit --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import PINNED_VLLM
+
+
+@click.command("verify")
+@click.option(
+    "--versions", default=None, metavar="SPEC",
+    help=f"Versions to check: a list (0.30.0,0.33.0) or a PEP 440 range (>=0.30). "
+    f"Default: the pinned release ({PINNED_VLLM}) and every newer one.",
+)
+@click.option("--git", "git_location", default=None, metavar="PATH_OR_URL",
+              help="Check tags and refs of this git repository instead of releases on the index.")
+@click.option("--tags", "tag_globs", multiple=True, metavar="GLOB",
+              help="With --git: tags to check (shell glob, repeatable; default 'v*'), filtered by --versions.")
+@click.option("--ref", "refs", multiple=True, metavar="REF",
+              help="With --git: a branch or commit to check as well (repeatable), e.g. main.")
+@click.option("--with", "with_sources", multiple=True, metavar="SRC",
+              help="A further source combined with every version, e.g. flashinfer-python==0.7.2.post1.")
+@click.option("--patches", "patches_dir", type=click.Path(path_type=Path), default=None, help="Patch set directory.")
+@click.option("--images", "images_dir", type=click.Path(path_type=Path), default=None,
+              help="Image definitions directory (none there: the full series stands alone).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--markdown", is_flag=True, help="GitHub-flavoured Markdown (a CI job summary, an issue body).")
+def verify_command(versions, git_location, tag_globs, refs, with_sources, patches_dir, images_dir, as_json, markdown):
+    """Each image's series against upstream vLLM versions: a matrix patch x version.
+
+    Exit 0: nothing regressed. 1: a patch broken (in range) on the pinned release or a newer version,
+    or one that applies on the pinned release no longer matching a newer one. 2: bad input.
+    """
+    from rich.console import Console
+
+    from . import verify
+    from .cli import default_dir
+    from .errors import PatchkitError
+    from .model import load_patchset
+    from .sources import open_source
+
+    if as_json and markdown:
+        raise click.UsageError("--json and --markdown are exclusive")
+    if (tag_globs or refs) and not git_location:
+        raise click.UsageError("--tags and --ref need --git PATH_OR_URL")
+    wanted = verify.parse_versions(versions)
+    patchset = load_patchset(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"))
+    image_series = verify.load_image_series(images_dir or default_dir("images", "PATCHKIT_IMAGES"), patchset)
+    if git_location:
+        targets = verify.git_targets(git_location, tag_globs or ("v*",), refs, wanted)
+    else:
+        targets = verify.index_targets(wanted)
+    progress = sys.stderr.isatty()
+    extra = [open_source(spec, progress=progress) for spec in with_sources]
+    if any("vllm" in source.versions() for source in extra):
+        raise PatchkitError("--with takes sources of other packages (FlashInfer); vLLM is what verify iterates")
+    matrix = verify.compute(patchset, targets, image_series=image_series, extra=extra, progress=progress)
+    if as_json:
+        click.echo(json.dumps(verify.to_dict(matrix), indent=2, sort_keys=True))
+    elif markdown:
+        click.echo(verify.to_markdown(matrix))
+    else:
+        console = Console()
+        for renderable in verify.render(matrix):
+            console.print(renderable)
+    sys.exit(matrix.exit_code)

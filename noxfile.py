@@ -58,7 +58,10 @@ def verify(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks as ratios against the obvious alternative, in one run."""
     session.install("-e", f"{ROOT}[test]")
+    # verify cold/warm and full-series apply against extracting the whole sdist
     session.run("python", str(ROOT / "tests" / "bench.py"), *session.posargs)
+    # daemonless build of the 4p67 image against `buildah bud` of the rendered context, same base
+    session.run("python", str(ROOT / "tests" / "registry.py"), "bench", "glm53-flash-nvfp4-4p67")
 
 
 def _variant_name(image_dir: Path) -> str:

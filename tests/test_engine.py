@@ -222,3 +222,16 @@ def test_diff_is_a_unified_diff_against_the_source(tmp_path):
     diff = engine.plan(ps.series(), DirectorySource(root)).diff()
     assert diff.startswith("--- a/vllm/m.py\n+++ b/vllm/m.py\n")
     assert "-    y = x + 1\n+    y = x + 2\n" in diff
+
+
+def test_edit_level_versions_select_the_edit_for_each_release(tmp_path):
+    edits = [
+        {"files": ["old.py", "new.py"], "action": "replace", "anchor": "x + 1", "text": "x + 2", "versions": "<0.31"},
+        {"files": ["old.py", "new.py"], "action": "replace", "anchor": "return 2", "text": "return 3", "versions": ">=0.31"},
+    ]
+    old_root, ps = setup(tmp_path / "a", {"old.py": MODEL}, {"p": edits}, version="0.30.0")
+    assert apply(old_root, ps).ok and "x + 2" in (old_root / "vllm/old.py").read_text()
+    assert "return 2" in (old_root / "vllm/old.py").read_text()
+    new_root, ps = setup(tmp_path / "b", {"new.py": MODEL}, {"p": edits}, version="0.33.0")
+    assert apply(new_root, ps).ok and "return 3" in (new_root / "vllm/new.py").read_text()
+    assert "x + 1" in (new_root / "vllm/new.py").read_text()

@@ -225,7 +225,9 @@ def _evaluate(patch: Patch, texts: _Texts, versions: dict[str, str], mode: str) 
         except _EditError as e:
             return PatchResult(patch, State.BROKEN, f"upstreamed probe: {e}")
 
-    edits = [e for e in patch.edits if e.package not in absent]
+    edits = [e for e in patch.edits if e.package not in absent and _edit_in_range(e, versions)]
+    if not edits:
+        return PatchResult(patch, State.NOT_APPLICABLE, "no edit of this patch is for these releases")
     if mode == "revert":
         edits = list(reversed(edits))
     staged: dict[tuple[str, str], str] = {}  # this patch's texts, committed only if the patch is whole
@@ -245,6 +247,15 @@ def _evaluate(patch: Patch, texts: _Texts, versions: dict[str, str], mode: str) 
         for (package, path), text in staged.items():
             texts.set(package, path, text, patch.id)
     return PatchResult(patch, state, detail, results)
+
+
+def _edit_in_range(edit: Edit, versions: dict[str, str]) -> bool:
+    if edit.versions is None:
+        return True
+    try:
+        return edit.versions.contains(Version(versions[edit.package]), prereleases=True)
+    except InvalidVersion:
+        return False  # the patch-level range check has already refused an unreadable version
 
 
 def _patch_state(results: list[EditResult]) -> State:

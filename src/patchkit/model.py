@@ -35,6 +35,7 @@ class Edit:
     anchor: str
     count: int
     text: str  # empty only for assert
+    versions: SpecifierSet | None = None  # releases of its package this edit is for (None: the patch's range)
 
     @property
     def applied_form(self) -> str:
@@ -208,7 +209,9 @@ def _edit(raw: object, index: int, toml_path: Path, ranges: dict[str, SpecifierS
     where = f"{toml_path}: edit {index}"
     if not isinstance(raw, dict):
         raise PatchkitError(f"{where}: must be a table")
-    _no_unknown_keys(raw, {"package", "file", "files", "action", "anchor", "count", "text", "text_file"}, where)
+    _no_unknown_keys(
+        raw, {"package", "file", "files", "action", "anchor", "count", "text", "text_file", "versions"}, where
+    )
     package = raw.get("package", DEFAULT_PACKAGE)
     if package not in ranges:
         raise PatchkitError(f"{where}: package {package!r} has no version range in [packages]")
@@ -231,7 +234,9 @@ def _edit(raw: object, index: int, toml_path: Path, ranges: dict[str, SpecifierS
         if action != "replace" and anchor in text:
             # The applied form would contain the anchor twice and the state could not be read back.
             raise PatchkitError(f"{where}: inserted text contains the anchor itself")
-    return Edit(index, package, _candidates(raw, where), action, anchor, count, text)
+    # An edit may narrow the patch's range: one fix whose code moved between releases stays one patch.
+    versions = _specifier(raw["versions"], f"{where}: versions") if "versions" in raw else None
+    return Edit(index, package, _candidates(raw, where), action, anchor, count, text, versions)
 
 
 def _edit_text(raw: dict, where: str, folder: Path) -> str:

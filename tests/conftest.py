@@ -72,3 +72,4 @@ def patched_vllm(tmp_path_factory) -> VllmTree:
     patchset = load_patchset(REPO / "patches")
     patched_copy(installed, site, [p for p in patchset.series() if p.id not in excluded])
     return VllmTree(root=site, python=sys.executable)
+

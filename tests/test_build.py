@@ -217,19 +217,17 @@ def test_dry_run_prints_the_changes_and_writes_nothing(base, tmp_path, monkeypat
     assert f"would produce {result.built.digest}" in said
 
 
-def test_a_patch_out_of_range_for_the_declared_layout_is_reported_not_claimed(base, patchset, tmp_path):
-    """The default base's dev build is judged as its declared layout (0.30.0): persistent-topk-cc12
-    (>=0.31.0) is then left out of the image and out of its series annotation, and said so."""
+def test_a_patch_out_of_range_for_the_declared_layout_fails_the_build(base, patchset, tmp_path):
+    """An image never ships without a fix its series promises: a base whose declared layout (here 0.29.0,
+    before glm5next existed) falls outside a series patch's range is an error naming the patch."""
     image = load_image(ROOT / "images", "glm53-flash-nvfp4", patchset)
-    vllm = dataclasses.replace(image.packages["vllm"], version="0.33.0", layout="0.30.0")
+    vllm = dataclasses.replace(image.packages["vllm"], version="0.33.0", layout="0.29.0")
     own = dataclasses.replace(image, base=f"synthetic/base:base@{base['index']}", packages={"vllm": vllm})
-    prepared = prepare(own, patchset, base=f"{base['layout']}:base", cache=tmp_path / "cache")
-    assert prepared.engine_versions["vllm"] == "0.30.0"
-    assert [(p.id, state) for p, state, _ in prepared.skipped] == [("persistent-topk-cc12", "out-of-range")]
-    built = assemble(prepared, epoch=0, revision="r", source_url="s")
-    assert "persistent-topk-cc12" not in built.annotations["dev.patchkit.series"]
-    assert built.annotations["dev.patchkit.skipped"] == "persistent-topk-cc12:out-of-range"
-    assert built.annotations["dev.patchkit.vllm.layout"] == "0.30.0"
+    with pytest.raises(PatchkitError) as info:
+        prepare(own, patchset, base=f"{base['layout']}:base", cache=tmp_path / "cache")
+    message = str(info.value)
+    assert "patch nope-mla-pad is out-of-range" in message and "0.29.0 not in" in message
+    assert "series promises it" in message
 
 
 # -- engine path ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 from quant_configs import MTP_LAYER, lab_quantization_config, p4p67_quantization_config, probe_prelude
+from probes import probe_fixtures
 
 pytestmark = pytest.mark.vllm
 
@@ -53,14 +54,7 @@ print(json.dumps(out))
 '''
 
 
-@pytest.fixture(scope="module")
-def stock(stock_vllm):
-    return stock_vllm.run(PROBE, env=ENV)
-
-
-@pytest.fixture(scope="module")
-def patched(patched_vllm):
-    return patched_vllm.run(PROBE, env=ENV)
+stock, patched = probe_fixtures(PROBE, ENV)
 
 
 def test_configs_list_the_mtp_experts_in_the_multimodal_spelling():

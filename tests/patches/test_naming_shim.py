@@ -18,6 +18,7 @@ import pytest
 from quant_configs import probe_prelude
 
 from patchkit.model import load_patchset
+from probes import probe_fixtures
 
 ENV = {"HF_HUB_OFFLINE": "1"}
 REPO = Path(__file__).resolve().parents[2]
@@ -89,14 +90,7 @@ print(json.dumps({"flat": flat, "nested": nested}))
 '''
 
 
-@pytest.fixture(scope="module")
-def stock(stock_vllm):
-    return stock_vllm.run(PROBE, env=ENV)
-
-
-@pytest.fixture(scope="module")
-def patched(patched_vllm):
-    return patched_vllm.run(PROBE, env=ENV)
+stock, patched = probe_fixtures(PROBE, ENV)
 
 
 @pytest.mark.vllm

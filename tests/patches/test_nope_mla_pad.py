@@ -17,6 +17,7 @@ and its own scale, in the latent (MQA) form the SM120 decode kernel evaluates.
 from __future__ import annotations
 
 import pytest
+from probes import probe_fixtures
 
 pytestmark = pytest.mark.vllm
 
@@ -212,14 +213,7 @@ print(json.dumps(result))
 '''
 
 
-@pytest.fixture(scope="module")
-def stock(stock_vllm):
-    return stock_vllm.run(PROBE, env=ENV)
-
-
-@pytest.fixture(scope="module")
-def patched(patched_vllm):
-    return patched_vllm.run(PROBE, env=ENV)
+stock, patched = probe_fixtures(PROBE, ENV)
 
 
 def _layers(run):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 from quant_configs import probe_prelude
+from probes import probe_fixtures
 
 pytestmark = pytest.mark.vllm
 
@@ -115,14 +116,7 @@ MLA_FUSED = ("self_attn.fused_qkv_a_proj", "self_attn.q_b_proj", "self_attn.kv_b
 MX = {"weight": "float8_e4m3fn", "weight_scale": "uint8"}
 
 
-@pytest.fixture(scope="module")
-def stock(stock_vllm):
-    return stock_vllm.run(PROBE, env=ENV)
-
-
-@pytest.fixture(scope="module")
-def patched(patched_vllm):
-    return patched_vllm.run(PROBE, env=ENV)
+stock, patched = probe_fixtures(PROBE, ENV)
 
 
 def test_stock_builds_4p67_attention_unquantized(stock):

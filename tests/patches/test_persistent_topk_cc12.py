@@ -10,6 +10,7 @@ explicit "persistent". Only the capability query and `is_cuda` are stand-ins; re
 from __future__ import annotations
 
 import pytest
+from probes import probe_fixtures
 
 pytestmark = pytest.mark.vllm
 
@@ -40,14 +41,7 @@ print(json.dumps(out))
 '''.replace("SELECT_K", str(SELECT_K))
 
 
-@pytest.fixture(scope="module")
-def stock(stock_vllm):
-    return stock_vllm.run(PROBE)
-
-
-@pytest.fixture(scope="module")
-def patched(patched_vllm):
-    return patched_vllm.run(PROBE)
+stock, patched = probe_fixtures(PROBE)
 
 
 @pytest.mark.parametrize("capability", ["12.1", "12.0"])

@@ -13,6 +13,7 @@ instead of whatever the allocator last held.
 from __future__ import annotations
 
 import pytest
+from probes import probe_fixtures
 
 pytestmark = pytest.mark.vllm
 
@@ -102,14 +103,7 @@ DECODE_TAIL = [28, 29, -1]  # seq 30: the incomplete pool's two tokens, then pad
 PREFILL_TAIL = [-1, -1, -1]  # the prefill expansion appends no tail
 
 
-@pytest.fixture(scope="module")
-def stock(stock_vllm):
-    return stock_vllm.run(PROBE, env=ENV)
-
-
-@pytest.fixture(scope="module")
-def patched(patched_vllm):
-    return patched_vllm.run(PROBE, env=ENV)
+stock, patched = probe_fixtures(PROBE, ENV)
 
 
 @pytest.mark.parametrize("site", ["expand_pools_and_append_tail", "expand_pools_to_tokens"])

@@ -47,6 +47,19 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *(session.posargs or ["-q"]))
 
 
+@nox.session(name="patch-necessity", python="3.11")
+def patch_necessity(session: nox.Session) -> None:
+    """Each patch's behaviour tests must FAIL with that patch left out of the series (no test that cannot fail)."""
+    install_vllm_env(session)
+    session.env["PATCHKIT_REQUIRE_VLLM"] = "1"
+    patches = sorted(p.name for p in (ROOT / "patches").iterdir() if (p / "patch.toml").exists())
+    for patch_id in session.posargs or patches:
+        test = ROOT / "tests" / "patches" / f"test_{patch_id.replace('-', '_')}.py"
+        session.env["PATCHKIT_TEST_EXCLUDE"] = patch_id
+        # success_codes=[1]: pytest exits 1 when tests fail, which is what must happen here
+        session.run("pytest", "-q", "-x", "-p", "no:cacheprovider", str(test), success_codes=[1])
+
+
 @nox.session(python="3.11")
 def verify(session: nox.Session) -> None:
     """The patch set against the pinned release and every newer vLLM release on the index."""

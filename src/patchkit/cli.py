@@ -182,57 +182,50 @@ def _write(target_dir: Path, source, plan) -> None:
     write_changes(target_dir, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
 
 
-@main.command()
-@click.option("--target", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True)
-@patches_option
-@series_option
-@assume_option
-@json_option
+def target_command(f):
+    """The options every command on a target tree takes."""
+    for option in reversed([
+        click.option("--target", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True),
+        patches_option, series_option, assume_option, json_option,
+    ]):
+        f = option(f)
+    return main.command(f.__name__)(f)
+
+
+def _run_on_target(target, patches_dir, series, assumed, as_json, *, mode: str, done: engine.State,
+                   done_label: str, nothing: str) -> None:
+    """Plan `mode` on the tree, write only when every patch is whole, report, exit 0/1."""
+    _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
+    source = _target(target)
+    plan = engine.plan(patches, source, mode=mode, versions=parse_assumed(assumed))
+    if plan.ok and plan.changes:
+        _write(target, source, plan)
+    labels = {done: done_label if plan.ok else str(done)}
+    emit(as_json, report.plan_to_dict(plan), report.plan_table(plan, labels=labels))
+    if plan.ok and not plan.changes and not as_json:
+        console.print(f"nothing to do: {nothing} (no file changed)")
+    sys.exit(0 if plan.ok else 1)
+
+
+@target_command
 def apply(target, patches_dir, series, assumed, as_json):
     """Apply the series to a vLLM tree: all patches or none, atomically."""
-    _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
-    source = _target(target)
-    plan = engine.plan(patches, source, versions=parse_assumed(assumed))
-    if plan.ok and plan.changes:
-        _write(target, source, plan)
-    labels = {engine.State.NOT_APPLIED: "applied now" if plan.ok else "not applied"}
-    emit(as_json, report.plan_to_dict(plan), report.plan_table(plan, labels=labels))
-    if plan.ok and not plan.changes and not as_json:
-        console.print("nothing to do: the series is already applied (no file changed)")
-    sys.exit(0 if plan.ok else 1)
+    _run_on_target(target, patches_dir, series, assumed, as_json, mode="apply", done=engine.State.NOT_APPLIED,
+                   done_label="applied now", nothing="the series is already applied")
 
 
-@main.command()
-@click.option("--target", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True)
-@patches_option
-@series_option
-@assume_option
-@json_option
+@target_command
 def revert(target, patches_dir, series, assumed, as_json):
     """Undo the series, restoring the original bytes exactly."""
-    _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
-    source = _target(target)
-    plan = engine.plan(patches, source, mode="revert", versions=parse_assumed(assumed))
-    if plan.ok and plan.changes:
-        _write(target, source, plan)
-    labels = {engine.State.APPLIED: "reverted now" if plan.ok else "applied"}
-    emit(as_json, report.plan_to_dict(plan), report.plan_table(plan, labels=labels))
-    if plan.ok and not plan.changes and not as_json:
-        console.print("nothing to do: no patch of the series is applied (no file changed)")
-    sys.exit(0 if plan.ok else 1)
+    _run_on_target(target, patches_dir, series, assumed, as_json, mode="revert", done=engine.State.APPLIED,
+                   done_label="reverted now", nothing="no patch of the series is applied")
 
 
-@main.command()
-@click.option("--target", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True)
-@patches_option
-@series_option
-@assume_option
-@json_option
+@target_command
 def status(target, patches_dir, series, assumed, as_json):
     """Per-patch state of a tree, read from its text."""
     _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
-    source = _target(target)
-    plan = engine.plan(patches, source, versions=parse_assumed(assumed))
+    plan = engine.plan(patches, _target(target), versions=parse_assumed(assumed))
     emit(as_json, report.plan_to_dict(plan) | {"changes": []}, report.plan_table(plan))
     sys.exit(0 if plan.ok else 1)
 

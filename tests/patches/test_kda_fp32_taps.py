@@ -13,18 +13,11 @@ that built the patched tree must carry the patch and its invariants must hold on
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-
-from patchkit import engine
-from patchkit.model import load_patchset
-from patchkit.sources.directory import DirectorySource
+from probes import guard_in_series, plan_on_drifted_upstream
 
 pytestmark = pytest.mark.vllm
 
-REPO = Path(__file__).resolve().parents[2]
 PATCH_ID = "kda-fp32-taps"
 ENV = {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
 
@@ -101,12 +94,12 @@ def test_bf16_taps_widen_exactly(taps):
 
 
 def test_series_guards_the_taps(patched_vllm):
-    """The assert patch is the guard: it is in the series that built the patched tree (the same
-    selection as tests/conftest.py) and every invariant holds on that tree."""
-    excluded = {i for i in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(",") if i}
-    patchset = load_patchset(REPO / "patches")
-    series = [p.id for p in patchset.series() if p.id not in excluded]
-    assert PATCH_ID in series
-    result = engine.plan([patchset.patch(PATCH_ID)], DirectorySource(patched_vllm.root)).result(PATCH_ID)
-    assert result.state == engine.State.APPLIED, result.describe()
-    assert [e.state for e in result.edits] == ["holds", "holds"]
+    guard_in_series(PATCH_ID, patched_vllm.root)
+
+
+@pytest.mark.vllm
+def test_an_upstream_downcast_of_the_taps_fails_loudly(tmp_path):
+    result = plan_on_drifted_upstream(PATCH_ID, "params_dtype=torch.float32", "params_dtype=torch.bfloat16", tmp_path)
+    assert result.state == "broken"
+    broken = [e for e in result.edits if e.state == "broken"]
+    assert broken and broken[0].nearest is not None and broken[0].nearest.similarity > 0.9

@@ -12,16 +12,12 @@ changes nothing), and the patch must stay in the default series, where it guards
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from quant_configs import probe_prelude
 
-from patchkit.model import load_patchset
-from probes import probe_fixtures
+from probes import guard_in_series, plan_on_drifted_upstream, probe_fixtures
 
 ENV = {"HF_HUB_OFFLINE": "1"}
-REPO = Path(__file__).resolve().parents[2]
 
 PROBE = probe_prelude() + r'''
 import json, tempfile
@@ -112,8 +108,14 @@ def test_the_assert_only_patch_changes_nothing(stock, patched):
     assert stock == patched
 
 
-def test_naming_shim_guards_the_default_series():
-    patchset = load_patchset(REPO / "patches")
-    patch = patchset.patch("naming-shim")
-    assert "naming-shim" in patchset.order
-    assert {e.action for e in patch.edits} == {"assert"}
+def test_naming_shim_guards_the_default_series(patched_vllm):
+    guard_in_series("naming-shim", patched_vllm.root)
+
+
+@pytest.mark.vllm
+def test_an_upstream_rename_of_a_checkpoint_name_fails_loudly(tmp_path):
+    result = plan_on_drifted_upstream("naming-shim", "self.hc_attn_fn = nn.Parameter(",
+                                      "self.attn_hc_fn = nn.Parameter(", tmp_path)
+    assert result.state == "broken"
+    (broken,) = [e for e in result.edits if e.state == "broken"]
+    assert "hc_attn_fn" in broken.edit.anchor and broken.nearest is not None

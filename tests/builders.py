@@ -77,3 +77,34 @@ def snapshot(root: Path) -> dict[str, bytes]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and "__pycache__" not in p.parts
     }
+
+
+ROOT_IMAGE = """
+schema = 1
+name = "{name}"
+title = "t"
+why = "w"
+[base]
+ref = "example.org/base:tag@sha256:{digest}"
+platform = "linux/arm64"
+source = "s"
+why = "w"
+[packages.vllm]
+path = "/usr/lib/python3.12/site-packages/vllm"
+version = "0.33.0"
+why = "w"
+[series]
+patches = {series}
+why = "w"
+[env]
+why = "w"
+vars = {env}
+"""
+ENV_OK = ('{ TORCH_CUDA_ARCH_LIST = "12.1a", FLASHINFER_CUDA_ARCH_LIST = "12.1f", CUTE_DSL_ARCH = "sm_121a", '
+          'CMAKE_CUDA_ARCHITECTURES = "121", VLLM_MLA_NOPE_PAD_ROPE = "1" }')
+ARCH_ENV_ONLY = ENV_OK.replace(', VLLM_MLA_NOPE_PAD_ROPE = "1"', "")
+
+
+def image_toml(name="a", series='["nope-mla-pad"]', env=ENV_OK, digest="0" * 64) -> str:
+    """A root image.toml (no parent) for tests; `series` and `env` are TOML literals."""
+    return ROOT_IMAGE.format(name=name, series=series, env=env, digest=digest)

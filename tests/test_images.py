@@ -4,6 +4,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from builders import ENV_OK, image_toml as root
 
 from patchkit.errors import PatchkitError
 from patchkit.images import ARCH_ENV, load_image, load_images
@@ -53,31 +54,6 @@ def test_inheritance_follows_the_images_table(images):
     assert p467.labels["org.opencontainers.image.licenses"] == "Apache-2.0"
 
 
-ROOT_IMAGE = """
-schema = 1
-name = "{name}"
-title = "t"
-why = "w"
-[base]
-ref = "example.org/base:tag@sha256:{digest}"
-platform = "linux/arm64"
-source = "s"
-why = "w"
-[packages.vllm]
-path = "/usr/lib/python3.12/site-packages/vllm"
-version = "0.33.0"
-why = "w"
-[series]
-patches = {series}
-why = "w"
-[env]
-why = "w"
-vars = {env}
-"""
-ENV_OK = ('{ TORCH_CUDA_ARCH_LIST = "12.1a", FLASHINFER_CUDA_ARCH_LIST = "12.1f", CUTE_DSL_ARCH = "sm_121a", '
-          'CMAKE_CUDA_ARCHITECTURES = "121", VLLM_MLA_NOPE_PAD_ROPE = "1" }')
-
-
 def child(name, parent, add='["pool-topk-init"]'):
     return f'schema = 1\nname = "{name}"\ntitle = "t"\nwhy = "w"\nparent = "{parent}"\n[series]\nadd = {add}\nwhy = "w"\n'
 
@@ -88,9 +64,6 @@ def write(tmp_path, files: dict[str, str]) -> Path:
         (tmp_path / name / "image.toml").write_text(textwrap.dedent(text))
     return tmp_path
 
-
-def root(name="a", series='["nope-mla-pad"]', env=ENV_OK, digest="0" * 64):
-    return ROOT_IMAGE.format(name=name, series=series, env=env, digest=digest)
 
 
 def test_a_valid_child_inherits(tmp_path, patchset):

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,24 +36,31 @@ def planned_writes(root, patchset):
     return [(source.package_root(c.package) / c.path, c) for c in plan.changes]
 
 
+@contextmanager
+def disk_full(monkeypatch, fails):
+    """File replacements raise ENOSPC when fails(n) is true for the n-th call; the block must raise it."""
+    real_replace, calls = tree.replace_file, {"n": 0}
+
+    def replace(path, data):
+        calls["n"] += 1
+        if fails(calls["n"]):
+            raise OSError(28, "No space left on device (injected)")
+        real_replace(path, data)
+
+    monkeypatch.setattr(tree, "replace_file", replace)
+    with pytest.raises(OSError, match="injected"):
+        yield
+    monkeypatch.setattr(tree, "replace_file", real_replace)
+
+
 @pytest.mark.parametrize("fail_after", range(4))  # N of M = 4 writes done before the fault
 def test_error_after_n_of_m_writes_leaves_tree_identical(tmp_path, monkeypatch, fail_after):
     root, patchset = four_file_series(tmp_path)
     before = snapshot(root)
     writes = planned_writes(root, patchset)
-    real_replace = tree.replace_file
-    calls = {"n": 0}
-
-    def failing_replace(path, data):
-        calls["n"] += 1
-        if calls["n"] == fail_after + 1:  # one fault; the rollback's own writes then succeed
-            raise OSError(28, "No space left on device (injected)")
-        real_replace(path, data)
-
-    monkeypatch.setattr(tree, "replace_file", failing_replace)
-    with pytest.raises(OSError, match="injected"):
+    # one fault after N writes; the rollback's own writes then succeed
+    with disk_full(monkeypatch, lambda n: n == fail_after + 1):
         tree.write_changes(root, writes)
-    monkeypatch.setattr(tree, "replace_file", real_replace)
     assert snapshot(root) == before
     assert not (root / tree.JOURNAL_DIR).exists()
 
@@ -61,19 +69,8 @@ def test_rollback_that_fails_too_leaves_a_journal_the_next_run_repairs(tmp_path,
     root, patchset = four_file_series(tmp_path)
     before = snapshot(root)
     writes = planned_writes(root, patchset)
-    real_replace = tree.replace_file
-    calls = {"n": 0}
-
-    def failing_replace(path, data):
-        calls["n"] += 1
-        if calls["n"] >= 3:  # the disk stays full: the rollback fails as well
-            raise OSError(28, "No space left on device (injected)")
-        real_replace(path, data)
-
-    monkeypatch.setattr(tree, "replace_file", failing_replace)
-    with pytest.raises(OSError):
+    with disk_full(monkeypatch, lambda n: n >= 3):  # the disk stays full: the rollback fails as well
         tree.write_changes(root, writes)
-    monkeypatch.setattr(tree, "replace_file", real_replace)
     assert (root / tree.JOURNAL_DIR).exists()
     assert len(tree.recover(root).rolled_back) == 2
     assert snapshot(root) == before

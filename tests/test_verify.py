@@ -17,7 +17,7 @@ from pathlib import Path
 
 import git
 import pytest
-from builders import write_patchset
+from builders import ARCH_ENV_ONLY, image_toml, write_patchset
 from click.testing import CliRunner
 from packaging.version import Version
 from test_sources import FakeIndex, free_port, sdist_bytes
@@ -384,39 +384,12 @@ def test_a_newer_release_out_of_range_is_a_regression_only_if_its_edits_no_longe
     assert doc["images"][0]["builds"]["v0.34.0"]["blockers"] == ["modelopt-candidates out of range, would apply"]
 
 
-IMAGE = """\
-schema = 1
-name = "{name}"
-title = "test image {name}"
-why = "the test says so"
-[base]
-ref = "example.org/vllm:tag@sha256:{digest}"
-platform = "linux/arm64"
-source = "tests"
-why = "w"
-[packages.vllm]
-path = "/usr/lib/python3.12/site-packages/vllm"
-version = "0.33.0"
-why = "w"
-[series]
-patches = {series}
-why = "w"
-[env]
-why = "w"
-[env.vars]
-TORCH_CUDA_ARCH_LIST = "12.1a"
-FLASHINFER_CUDA_ARCH_LIST = "12.1f"
-CUTE_DSL_ARCH = "sm_121a"
-CMAKE_CUDA_ARCHITECTURES = "121"
-"""
-
-
 @pytest.mark.network
 def test_each_image_series_is_verified_on_its_own(repo_copy, real_files, patches, tmp_path):
     images = tmp_path / "images"
     for name, series in {"with-glm": '["glm-mlp-marker", "envs-flag"]', "no-glm": '["modelopt-candidates"]'}.items():
         (images / name).mkdir(parents=True)
-        (images / name / "image.toml").write_text(IMAGE.format(name=name, digest="0" * 64, series=series))
+        (images / name / "image.toml").write_text(image_toml(name, series, env=ARCH_ENV_ONLY))
     files = edited(real_files["0.33.0"], GLM_FILES[1], GLM_ANCHOR, GLM_DRIFTED)
     commit_tree(repo_copy, files, "0.34.0")
     repo_copy.create_tag("v0.34.0")

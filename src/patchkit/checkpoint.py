@@ -16,7 +16,6 @@ tensor's byte length equal to its dtype times its shape, no holes.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 import struct
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
+from patchkit.jsondata import load_json_object
 from patchkit.variants import Pins
 
 CONFIG = "config.json"
@@ -92,8 +92,8 @@ def verify_identity(root: Path, pins: Pins) -> VerifiedCheckpoint:
             raise PatchkitError(f"{path}: sha256 {digest} does not match the pin {pin}; refusing to read it")
         digests[name] = digest
         parsed[name] = data
-    config = _json_object(parsed[CONFIG], root / CONFIG)
-    index = _json_object(parsed[INDEX], root / INDEX)
+    config = load_json_object(parsed[CONFIG], str(root / CONFIG))
+    index = load_json_object(parsed[INDEX], str(root / INDEX))
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise PatchkitError(f"{root / INDEX}: no weight_map")
@@ -101,16 +101,6 @@ def verify_identity(root: Path, pins: Pins) -> VerifiedCheckpoint:
         if not isinstance(shard, str) or "/" in shard or not shard.endswith(".safetensors"):
             raise PatchkitError(f"{root / INDEX}: tensor {tensor!r} maps to an invalid shard name {shard!r}")
     return VerifiedCheckpoint(root, config, index, digests[CONFIG], digests[INDEX])
-
-
-def _json_object(data: bytes, where: Path) -> dict:
-    try:
-        value = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PatchkitError(f"{where}: not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise PatchkitError(f"{where}: top level must be a JSON object")
-    return value
 
 
 def read_header(path: Path) -> ShardHeader:
@@ -129,12 +119,7 @@ def read_header(path: Path) -> ShardHeader:
         raise PatchkitError(f"shard {path} is missing") from None
     if len(raw) != length:
         raise PatchkitError(f"{path}: header truncated ({len(raw)} of {length} bytes)")
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PatchkitError(f"{path}: header is not JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise PatchkitError(f"{path}: header is not a JSON object")
+    header = load_json_object(raw, f"{path}: header")
     header.pop("__metadata__", None)
     tensors: dict[str, TensorInfo] = {}
     spans = []

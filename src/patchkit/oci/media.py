@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 
 from patchkit.errors import PatchkitError
+from patchkit.jsondata import load_json_object as load_json  # noqa: F401  (used by the oci modules)
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -58,16 +59,6 @@ def check_digest(digest: str, what: str = "digest") -> str:
 
 def descriptor(media_type: str, data: bytes, **extra: object) -> dict:
     return {"mediaType": media_type, "digest": sha256_digest(data), "size": len(data), **extra}
-
-
-def load_json(data: bytes, what: str) -> dict:
-    try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PatchkitError(f"{what} is not valid JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise PatchkitError(f"{what} is not a JSON object")
-    return obj
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,18 @@
+"""Untrusted JSON that must be an object (manifests, configs, safetensors headers), parsed fail-closed."""
+
+from __future__ import annotations
+
+import json
+
+from .errors import PatchkitError
+
+
+def load_json_object(data: bytes | str, what: str) -> dict:
+    """`data` parsed as a JSON object; a clear error naming `what` for anything else."""
+    try:
+        value = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PatchkitError(f"{what}: not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise PatchkitError(f"{what}: not a JSON object")
+    return value

@@ -206,7 +206,10 @@ def test_a_clean_cache_gives_the_same_matrix_and_a_warm_run_never_opens_the_arch
     code, cold = verify_json(*args, env=env)
     assert code == 0 and states(cold) == {p: dict.fromkeys(RELEASES, "applies") for p in states(cold)}
     keys = sorted(p.name for p in (clean.root / "files" / "archives").iterdir())
-    assert [k.rsplit("-", 1)[0] for k in keys] == [f"vllm-{v}" for v in RELEASES]
+    # one member cache per vLLM release, beside those of the FlashInfer releases they pin
+    assert [k.rsplit("-", 1)[0] for k in keys if k.startswith("vllm-")] == [f"vllm-{v}" for v in RELEASES]
+    assert {k.rsplit("-", 1)[0] for k in keys if not k.startswith("vllm-")} <= {
+        f"flashinfer-python-{v}" for v in ("0.6.18.post1", "0.7.0.post1", "0.7.2.post1")}
     # Each archive replaced by zeros of the same size (a new file: the user cache keeps its own): the
     # cache record still matches, and any decompression would now fail as a corrupt archive.
     for version in RELEASES:
@@ -220,6 +223,16 @@ def test_a_clean_cache_gives_the_same_matrix_and_a_warm_run_never_opens_the_arch
 
 
 @pytest.mark.network
+def test_each_release_is_checked_with_the_flashinfer_it_pins(index_env):
+    """vLLM 0.30.0 pins FlashInfer 0.6.18.post1, whose sparse MLA cannot serve the padded layout: the NoPE pad
+    is out of range there, while 0.33.0 with its 0.7.2.post1 applies, FlashInfer edits checked."""
+    code, doc = verify_json("--patches", str(REPO / "patches"), "--versions", "0.30.0,0.33.0")
+    pad = next(p for p in doc["patches"] if p["id"] == "nope-mla-pad")["cells"]
+    assert pad["0.30.0"]["state"] == "out-of-range" and "flashinfer 0.6.18.post1" in pad["0.30.0"]["detail"]
+    assert pad["0.33.0"]["state"] == "applies" and "unchecked" not in pad["0.33.0"]["detail"]
+    assert code == 0  # older than the pinned release: reported, not a regression
+
+
 def test_the_real_patch_set_and_images_give_a_full_matrix_of_valid_states(index_env):
     code, doc = verify_json("--patches", str(REPO / "patches"), "--images", str(REPO / "images"),
                             "--versions", ",".join(RELEASES))

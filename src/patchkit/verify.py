@@ -350,10 +350,11 @@ def compute(
     images: dict[str, dict[str, ImageCell]] = {name: {} for name in image_series}
     for target in targets:
         source = opener(target) if opener else open_target(target, cache=cache, progress=progress)
-        if extra:
+        companions = list(extra or []) or _pinned_companions(source, cache, progress)
+        if companions:
             from .sources import combine_sources
 
-            source = combine_sources([source, *extra])
+            source = combine_sources([source, *companions])
         column = _column(target, source, pinned)
         columns.append(column)
         plans = {patchset.order: plan(full, source)}
@@ -374,6 +375,15 @@ def compute(
     if sum(c.pinned for c in columns) != 1:
         raise PatchkitError(f"exactly one column must be the pinned vLLM {pinned}; got {[c.label for c in columns]}")
     return Matrix(pinned, columns, full, cells, dict(image_series), images)
+
+
+def _pinned_companions(source: Source, cache: SdistCache | None, progress: bool) -> list[Source]:
+    """Without --with, a release is checked together with the FlashInfer release it pins."""
+    from .sources import open_source
+    from .sources.pins import pinned_flashinfer
+
+    version = pinned_flashinfer(source)
+    return [open_source(f"flashinfer-python=={version}", cache=cache, progress=progress)] if version else []
 
 
 def _column(target: Target, source: Source, pinned: str) -> Column:

@@ -13,10 +13,14 @@ from patchkit.sources.cache import FileCache
 from patchkit.sources.metadata import core_metadata, same_distribution, same_version
 
 
+# Files beside the packages that say which companion releases a release pins (vLLM: its FlashInfer).
+PIN_FILES = ("requirements/cuda.txt",)
+
+
 def _in_package_dirs(name: str) -> bool:
-    """Members worth holding after a pass: metadata and everything under `<top>/[src/]<package>/`."""
+    """Members worth holding after a pass: metadata, pin files, everything under `<top>/[src/]<package>/`."""
     parts = name.split("/")
-    if parts[1:] == ["PKG-INFO"]:
+    if parts[1:] == ["PKG-INFO"] or "/".join(parts[1:]) in PIN_FILES:
         return True
     if len(parts) > 2 and parts[1] == "src":
         parts = parts[1:]
@@ -59,9 +63,14 @@ class SdistSource(ArchiveSource):
             raise PatchkitError(f"{path} is an sdist of {name!r}, not of {dist!r}")
         if version is not None and not same_version(stated, version):
             raise PatchkitError(f"{path}: PKG-INFO says version {stated}, but {version} was asked for")
+        self._top = tops[0]
         self._versions = dict.fromkeys(self._roots, stated)
         packages = ", ".join(f"{package} {stated}" for package in self._roots)
         self.description = f"{packages} sdist ({origin or path})"
 
     def versions(self) -> dict[str, str]:
         return dict(self._versions)
+
+    def distribution_file(self, path: str) -> bytes | None:
+        """A file of the sdist outside its packages (e.g. requirements/cuda.txt); None when absent."""
+        return self._member(f"{self._top}/{path}")

@@ -255,10 +255,34 @@ def build_cmd(image, base, push, output, dry_run, engine, engine_url, result_jso
         revision=revision, source_url=source_url, console=err_console,
     )
     summary = result.summary()
+    # Say what the build could not check (e.g. a base without FlashInfer: the pad's FlashInfer asserts).
+    summary["notes"] = {r.patch.id: r.detail for r in result.built.prepared.plan.results if r.detail}
+    for patch_id, note in summary["notes"].items():
+        err_console.print(f"[yellow]{patch_id}: {note}[/]")
     if result_json:
         result_json.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     if as_json:
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        console.print(_build_table(summary))
+
+
+def _build_table(summary: dict):
+    from rich.table import Table
+
+    table = Table(title=f"{summary['image']} (linux/arm64)", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key in ("digest", "tag", "base", "output"):
+        if summary.get(key):
+            table.add_row(key, str(summary[key]))
+    table.add_row("series", ", ".join(summary["series"]))
+    if summary.get("skipped"):
+        table.add_row("upstreamed (left out)", ", ".join(summary["skipped"]))
+    table.add_row("patched files", "\n".join(summary["files"]))
+    for ref in summary.get("pushed", []):
+        table.add_row("pushed", ref)
+    return table
 
 
 pin_options = [

@@ -93,7 +93,7 @@ def _raw(header: dict, data: bytes = b"") -> bytes:
         (b"\x01\x00", "shorter than the 8-byte"),
         (struct.pack("<Q", 500) + b"{}", "header truncated"),
         (struct.pack("<Q", 200 * 1024 * 1024), "exceeds"),
-        (struct.pack("<Q", 3) + b"{x}", "not JSON"),
+        (struct.pack("<Q", 3) + b"{x}", "not valid JSON"),
         (_raw([1]), "not a JSON object"),
         (_raw({"t": {"dtype": "F32", "shape": [2]}}), "malformed entry"),
         (_raw({"t": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}), "unknown dtype 'Q4'"),

@@ -634,3 +634,22 @@ def test_real_vllm_sdist_from_the_index(monkeypatch):
     assert b"0.33.0" in files["_version.py"]
     assert files["config/__init__.py"] and files["envs.py"]
     assert files["no/such/file.py"] is None
+
+
+def test_pinned_flashinfer_is_read_from_a_checkout_and_a_git_ref(tmp_path):
+    from patchkit.sources import DirectorySource, GitSource
+    from patchkit.sources.pins import pinned_flashinfer
+
+    root = tmp_path / "checkout"
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text("")
+    (root / "requirements").mkdir()
+    (root / "requirements" / "cuda.txt").write_text("torch==2.14.0\nflashinfer-python==0.7.2.post1  # pinned\n")
+    assert pinned_flashinfer(DirectorySource(root)) == "0.7.2.post1"
+    repo = git.Repo.init(root)
+    repo.index.add(["vllm/__init__.py", "requirements/cuda.txt"])
+    repo.index.commit("release")
+    repo.create_tag("v0.33.0")
+    assert pinned_flashinfer(GitSource(str(root), "v0.33.0")) == "0.7.2.post1"
+    (root / "requirements" / "cuda.txt").unlink()
+    assert pinned_flashinfer(DirectorySource(root)) is None

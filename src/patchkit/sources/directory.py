@@ -65,6 +65,13 @@ class DirectorySource:
         except OSError as error:
             raise PatchkitError(f"cannot read {real}: {error.strerror}") from error
 
+    def distribution_file(self, path: str) -> bytes | None:
+        """A file of a checkout beside its packages (e.g. requirements/cuda.txt); None when absent."""
+        real = (self.root / relative_path(path)).resolve()
+        if not real.is_relative_to(self.root) or not real.is_file():
+            return None
+        return real.read_bytes()
+
     def read_many(self, package: str, paths: list[str]) -> dict[str, bytes | None]:
         return {path: self.read(package, path) for path in paths}
 

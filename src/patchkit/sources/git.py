@@ -74,6 +74,13 @@ class GitSource:
     def read_many(self, package: str, paths: list[str]) -> dict[str, bytes | None]:
         return {path: self.read(package, path) for path in paths}
 
+    def distribution_file(self, path: str) -> bytes | None:
+        """A regular file of the tree outside the packages (e.g. requirements/cuda.txt); None when absent."""
+        entry = self._entry(relative_path(path))
+        if entry is None or entry.type != "blob" or stat.S_ISLNK(entry.mode):
+            return None
+        return entry.data_stream.read()
+
     def _entry(self, path: str) -> git.Object | None:
         try:
             return self._tree / path

@@ -1,8 +1,7 @@
 """The CPU load smoke: reference-packed tiny checkpoints resolved through stock and patched vLLM.
 
-Needs two environments: the vLLM test venv (the interpreter running these tests under `nox -s tests`,
-which the `stock_vllm`/`patched_vllm` fixtures use) and a ModelOpt environment for the packing
-(PATCHKIT_MODELOPT_PYTHON, default ~/.cache/patchkit/venvs/modelopt-cpu/bin/python).
+Runs in the `nox -s tests` environment, which holds both vLLM (the `stock_vllm`/`patched_vllm` fixtures)
+and nvidia-modelopt for the packing (PATCHKIT_MODELOPT_PYTHON points elsewhere if needed).
 """
 
 from __future__ import annotations

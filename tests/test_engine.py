@@ -9,7 +9,7 @@ from patchkit import engine
 from patchkit.engine import State
 from patchkit.model import load_patchset
 from patchkit.sources.directory import DirectorySource
-from patchkit.tree import write_changes
+from patchkit.tree import write_plan
 
 MODEL = "def f(x):\n    y = x + 1\n    return y\n\n\ndef g():\n    return 2\n"
 
@@ -24,7 +24,7 @@ def apply(root, patchset, ids=None):
     source = DirectorySource(root)
     plan = engine.plan(patchset.series(ids), source)
     if plan.ok:
-        write_changes(root, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
+        write_plan(root, source, plan)
     return plan
 
 
@@ -32,7 +32,7 @@ def revert(root, patchset, ids=None):
     source = DirectorySource(root)
     plan = engine.plan(patchset.series(ids), source, mode="revert")
     if plan.ok:
-        write_changes(root, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
+        write_plan(root, source, plan)
     return plan
 
 

@@ -97,7 +97,7 @@ KILLER = textwrap.dedent(
     os.replace = dying_replace
     source = DirectorySource(root)
     plan = engine.plan(load_patchset(patches).series(), source)
-    tree.write_changes(root, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
+    tree.write_plan(root, source, plan)
     """
 )
 
@@ -191,7 +191,7 @@ def test_property_revert_after_apply_is_identity_and_apply_is_idempotent(tmp_pat
         source = DirectorySource(root)
         plan = engine.plan(patchset.series(), source, mode=mode)
         assert plan.ok, [r.describe() for r in plan.results]
-        tree.write_changes(root, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
+        tree.write_plan(root, source, plan)
         return plan
 
     assert run("apply").changes

@@ -176,12 +176,6 @@ def _target(target: Path):
     return DirectorySource(target)
 
 
-def _write(target_dir: Path, source, plan) -> None:
-    from .tree import write_changes
-
-    write_changes(target_dir, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
-
-
 def target_command(f):
     """The options every command on a target tree takes."""
     for option in reversed([
@@ -199,7 +193,9 @@ def _run_on_target(target, patches_dir, series, assumed, as_json, *, mode: str, 
     source = _target(target)
     plan = engine.plan(patches, source, mode=mode, versions=parse_assumed(assumed))
     if plan.ok and plan.changes:
-        _write(target, source, plan)
+        from .tree import write_plan
+
+        write_plan(target, source, plan)
     labels = {done: done_label if plan.ok else str(done)}
     emit(as_json, report.plan_to_dict(plan), report.plan_table(plan, labels=labels))
     if plan.ok and not plan.changes and not as_json:

@@ -19,7 +19,7 @@ from . import engine
 from .errors import PatchkitError
 from .model import Patch
 from .sources.directory import DirectorySource
-from .tree import write_changes
+from .tree import write_plan
 
 
 def installed_package(package: str, python: str | None = None) -> Path:
@@ -44,5 +44,5 @@ def patched_copy(installed: Path, dest: Path, patches: list[Patch]) -> engine.Pl
     source = DirectorySource(dest)
     plan = engine.plan(patches, source)
     plan.raise_for_errors()
-    write_changes(dest, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
+    write_plan(dest, source, plan)
     return plan

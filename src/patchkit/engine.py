@@ -196,11 +196,8 @@ def plan(
     else:
         _check_readable(texts, results)
     _check_syntax(texts, results)
-    return Plan(mode, source.description, found_versions, results, texts.changes() if _all_ok(results) else [])
-
-
-def _all_ok(results: list[PatchResult]) -> bool:
-    return all(r.ok for r in results)
+    whole = all(r.ok for r in results)
+    return Plan(mode, source.description, found_versions, results, texts.changes() if whole else [])
 
 
 def _evaluate(patch: Patch, texts: _Texts, versions: dict[str, str], mode: str) -> PatchResult:

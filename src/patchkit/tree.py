@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engine import FileChange
+from .engine import FileChange, Plan
 from .errors import PatchkitError
 
 JOURNAL_DIR = ".patchkit-journal"
@@ -33,6 +33,11 @@ class Recovery:
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def write_plan(target: Path, source, plan: Plan) -> None:
+    """Write a plan's changes into the tree `source` (a DirectorySource) reads, journaled in `target`."""
+    write_changes(target, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
 
 
 def write_changes(target: Path, files: list[tuple[Path, FileChange]]) -> None:

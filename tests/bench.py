@@ -28,14 +28,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from patchkit import engine, verify
-from patchkit.model import load_patchset
+from patchkit.patching import planner
+from patchkit.patching.patchset import load_patchset
 from patchkit.sources import DirectorySource, SdistCache, open_source
 from patchkit.sources.pins import pinned_flashinfer
+from patchkit.verify import matrix as verify
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = (
-    "import sys; from patchkit.cli import main; from patchkit.verify_cli import verify_command\n"
+    "import sys; from patchkit.cli.main import main; from patchkit.cli.verify import verify_command\n"
     "if 'verify' not in main.commands: main.add_command(verify_command)\n"
     "main()"
 )
@@ -111,7 +112,7 @@ def extracted(user: SdistCache, work: Path):
     return opener
 
 
-def write_new(changes: list[engine.FileChange], where) -> None:
+def write_new(changes: list[planner.FileChange], where) -> None:
     """Plain writes in both routes (no journal, no fsync): the comparison is about reading."""
     for change in changes:
         path = where(change)
@@ -166,7 +167,7 @@ def main() -> None:
         warm_cli, _ = timed(lambda: subprocess.run(command, env=env, capture_output=True, check=False),
                             args.repeat, "warm-cli")
         imports, _ = timed(
-            lambda: subprocess.run([sys.executable, "-c", "import patchkit.verify_cli, patchkit.cli, rich.table"],
+            lambda: subprocess.run([sys.executable, "-c", "import patchkit.cli.verify, patchkit.cli.main, rich.table"],
                                    check=True),
             args.repeat, "imports",
         )
@@ -183,7 +184,7 @@ def main() -> None:
 
         def apply_patchkit(cache: SdistCache) -> int:
             source = open_source(f"vllm=={pinned}", cache=cache, progress=False)
-            plan = engine.plan(series, source)
+            plan = planner.plan(series, source)
             out = tmp / "layer"
             shutil.rmtree(out, ignore_errors=True)
             write_new(plan.changes, lambda c: out / c.package / c.path)
@@ -191,7 +192,7 @@ def main() -> None:
 
         def apply_obvious() -> int:
             source = obvious_opener(pin_target[0])
-            plan = engine.plan(series, source)
+            plan = planner.plan(series, source)
             write_new(plan.changes, lambda c: source.package_root(c.package) / c.path)
             return len(plan.changes)
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.copies import patched_copy
-from patchkit.model import load_patchset
+from patchkit.patching.copies import patched_copy
+from patchkit.patching.patchset import load_patchset
 
 REPO = Path(__file__).resolve().parents[1]
 

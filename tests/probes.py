@@ -34,15 +34,15 @@ def guard_in_series(patch_id: str, tree_root):
     tests/conftest.py does) and every invariant holds there."""
     import os
 
-    from patchkit import engine
-    from patchkit.model import load_patchset
+    from patchkit.patching import planner
+    from patchkit.patching.patchset import load_patchset
     from patchkit.sources.directory import DirectorySource
 
     excluded = {i for i in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(",") if i}
     patchset = load_patchset(REPO / "patches")
     assert patch_id in [p.id for p in patchset.series() if p.id not in excluded], f"{patch_id} left out of the series"
-    result = engine.plan([patchset.patch(patch_id)], DirectorySource(tree_root)).result(patch_id)
-    assert result.state == engine.State.APPLIED, result.describe()
+    result = planner.plan([patchset.patch(patch_id)], DirectorySource(tree_root)).result(patch_id)
+    assert result.state == planner.State.APPLIED, result.describe()
     assert {e.state for e in result.edits} == {"holds"}
 
 
@@ -51,9 +51,10 @@ def plan_on_drifted_upstream(patch_id: str, old: str, new: str, tmp_path):
     from importlib.metadata import version
 
     from builders import write_package
-    from patchkit import engine
-    from patchkit.copies import installed_package
-    from patchkit.model import load_patchset
+
+    from patchkit.patching import planner
+    from patchkit.patching.copies import installed_package
+    from patchkit.patching.patchset import load_patchset
     from patchkit.sources.directory import DirectorySource
 
     patch = load_patchset(REPO / "patches").patch(patch_id)
@@ -61,4 +62,4 @@ def plan_on_drifted_upstream(patch_id: str, old: str, new: str, tmp_path):
     files = {c: (installed / c).read_text() for e in patch.edits for c in e.candidates if (installed / c).exists()}
     assert any(old in text for text in files.values()), f"{old!r} is not in the installed vLLM"
     root = write_package(tmp_path / "site", {k: v.replace(old, new) for k, v in files.items()}, version=version("vllm"))
-    return engine.plan([patch], DirectorySource(root)).result(patch_id)
+    return planner.plan([patch], DirectorySource(root)).result(patch_id)

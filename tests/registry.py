@@ -352,7 +352,7 @@ def flatten(layers: list[bytes]) -> dict[str, tuple[bytes | None, tarfile.TarInf
 
 # -- nox -s bench ---------------------------------------------------------------------------------------
 def _bench(image: str) -> None:
-    from patchkit.build import bench
+    from patchkit.images.build import bench
 
     with tempfile.TemporaryDirectory(prefix="patchkit-bench-") as tmp, Registry(Path(tmp) / "registry") as reg:
         base = make_base(vllm_sdist(), Path(tmp) / "base-layout")

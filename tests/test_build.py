@@ -15,15 +15,29 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
 import registry as reg_helpers
-from registry import flatten, free_port, make_base, pull_blob, pull_manifest, push_base, registry_server, vllm_sdist  # noqa: F401
+from registry import (  # noqa: F401
+    flatten,
+    free_port,
+    make_base,
+    pull_blob,
+    pull_manifest,
+    push_base,
+    registry_server,
+    vllm_sdist,
+)
 
-from patchkit.build import BYTECODE_STUB, assemble, build, build_with_engine, prepare, render_context
 from patchkit.errors import PatchFailed, PatchkitError
-from patchkit.images import ARCH_ENV, load_image
-from patchkit.model import load_patchset
+from patchkit.images.build import (
+    BYTECODE_STUB,
+    build,
+    build_with_engine,
+    prepare,
+    render_context,
+)
+from patchkit.images.definitions import ARCH_ENV, load_image
 from patchkit.oci.media import OCI_LAYER_GZIP, OCI_MANIFEST
+from patchkit.patching.patchset import load_patchset
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = sorted(p.parent.name for p in (ROOT / "images").glob("*/image.toml"))
@@ -80,7 +94,7 @@ def test_every_image_builds_pushes_and_pulls_back(image_name, base, base_ref, re
                                                   monkeypatch):
     host = registry_server.host
     recorder = Recorder()
-    monkeypatch.setattr("patchkit.build.Quiet", lambda: recorder)
+    monkeypatch.setattr("patchkit.images.build.Quiet", lambda: recorder)
     result = run_build(image_name, tmp_path, base=base_ref, push=[f"{host}/out/{image_name}"])
     built = result.built
     image = load_image(ROOT / "images", image_name, patchset)
@@ -206,7 +220,7 @@ def test_an_unreachable_base_names_the_base_flag(tmp_path):
 
 def test_dry_run_prints_the_changes_and_writes_nothing(base, tmp_path, monkeypatch):
     recorder = Recorder()
-    monkeypatch.setattr("patchkit.build.Quiet", lambda: recorder)
+    monkeypatch.setattr("patchkit.images.build.Quiet", lambda: recorder)
     result = run_build("glm53-flash-nvfp4", tmp_path, base=f"{base['layout']}:base", dry_run=True,
                        output=tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import safetensors
 
-from patchkit.checkpoint import (
+from patchkit.errors import PatchkitError
+from patchkit.variants.checkpoint import (
     TensorInfo,
     format_of,
     inventory,
@@ -21,8 +22,8 @@ from patchkit.checkpoint import (
     sha256_bytes,
     verify_identity,
 )
-from patchkit.errors import PatchkitError
-from patchkit.smoke_cpu import (
+from patchkit.variants.definitions import Pins
+from patchkit.variants.smoke.cpu import (
     LAYOUTS,
     REAL_DIMS,
     TINY_DIMS,
@@ -30,7 +31,6 @@ from patchkit.smoke_cpu import (
     tensor_headers,
     write_header_set,
 )
-from patchkit.variants import Pins
 
 # safetensors dtype names for the library's serializer
 LIB_DTYPE = {"U8": "uint8", "F8_E4M3": "float8_e4m3fn", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}

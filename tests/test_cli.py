@@ -8,7 +8,6 @@ import sys
 import tarfile
 
 import pytest
-
 from builders import snapshot, write_package, write_patchset
 from test_engine import MODEL
 
@@ -16,7 +15,7 @@ REPO_PATCHES = __import__("pathlib").Path(__file__).resolve().parents[1] / "patc
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "patchkit.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "patchkit", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd)
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-
 from builders import snapshot, write_package, write_patchset
-from patchkit import engine
-from patchkit.engine import State
-from patchkit.model import load_patchset
+
+from patchkit.patching import planner
+from patchkit.patching.patchset import load_patchset
+from patchkit.patching.planner import State
+from patchkit.patching.tree import write_plan
 from patchkit.sources.directory import DirectorySource
-from patchkit.tree import write_plan
 
 MODEL = "def f(x):\n    y = x + 1\n    return y\n\n\ndef g():\n    return 2\n"
 
@@ -22,7 +22,7 @@ def setup(tmp_path, files, patches, order=None, version="0.33.0", **kw):
 
 def apply(root, patchset, ids=None):
     source = DirectorySource(root)
-    plan = engine.plan(patchset.series(ids), source)
+    plan = planner.plan(patchset.series(ids), source)
     if plan.ok:
         write_plan(root, source, plan)
     return plan
@@ -30,7 +30,7 @@ def apply(root, patchset, ids=None):
 
 def revert(root, patchset, ids=None):
     source = DirectorySource(root)
-    plan = engine.plan(patchset.series(ids), source, mode="revert")
+    plan = planner.plan(patchset.series(ids), source, mode="revert")
     if plan.ok:
         write_plan(root, source, plan)
     return plan
@@ -58,7 +58,7 @@ def test_each_action_applies_reports_and_reverts(tmp_path, action, anchor, text,
     assert plan.ok and plan.result("p").state == State.NOT_APPLIED
     patched = (root / "vllm/m.py").read_text()
     assert expected in patched
-    status = engine.plan(ps.series(), DirectorySource(root))
+    status = planner.plan(ps.series(), DirectorySource(root))
     assert status.result("p").state == State.APPLIED and status.changes == []
     assert revert(root, ps).result("p").state == State.APPLIED
     assert snapshot(root) == before
@@ -69,7 +69,7 @@ def test_assert_edit_checks_and_changes_nothing(tmp_path):
     plan = apply(root, ps)
     assert plan.result("inv").state == State.APPLIED and plan.changes == []
     (root / "vllm/m.py").write_text(MODEL.replace("return 2", "return 3"))
-    plan = engine.plan(ps.series(), DirectorySource(root))
+    plan = planner.plan(ps.series(), DirectorySource(root))
     assert plan.result("inv").state == State.BROKEN
     assert "invariant no longer holds" in plan.result("inv").edits[0].detail
 
@@ -134,7 +134,7 @@ def test_later_patch_anchors_on_text_left_by_earlier(tmp_path):
     root, ps = setup(tmp_path, {"m.py": MODEL}, patches)
     assert apply(root, ps).ok
     assert "x + LATER  # seven" in (root / "vllm/m.py").read_text()
-    assert engine.plan(ps.series(), DirectorySource(root)).ok  # status of the applied tree reads back
+    assert planner.plan(ps.series(), DirectorySource(root)).ok  # status of the applied tree reads back
     assert revert(root, ps).ok
     assert (root / "vllm/m.py").read_text() == MODEL
 
@@ -184,8 +184,8 @@ def test_out_of_range_and_not_applicable(tmp_path):
 def test_assumed_version_overrides_a_dev_build(tmp_path):
     root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "x + 1", "x + 2")]},
                      version="0.1.dev20051+g487ecf187", p={"vllm": ">=0.30"})
-    assert engine.plan(ps.series(), DirectorySource(root)).result("p").state == State.OUT_OF_RANGE
-    plan = engine.plan(ps.series(), DirectorySource(root), versions={"vllm": "0.30.0"})
+    assert planner.plan(ps.series(), DirectorySource(root)).result("p").state == State.OUT_OF_RANGE
+    plan = planner.plan(ps.series(), DirectorySource(root), versions={"vllm": "0.30.0"})
     assert plan.result("p").state == State.NOT_APPLIED
 
 
@@ -219,7 +219,7 @@ def test_apply_twice_changes_nothing_the_second_time(tmp_path):
 
 def test_diff_is_a_unified_diff_against_the_source(tmp_path):
     root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "x + 1", "x + 2")]})
-    diff = engine.plan(ps.series(), DirectorySource(root)).diff()
+    diff = planner.plan(ps.series(), DirectorySource(root)).diff()
     assert diff.startswith("--- a/vllm/m.py\n+++ b/vllm/m.py\n")
     assert "-    y = x + 1\n+    y = x + 2\n" in diff
 

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from patchkit.errors import PatchkitError
-from patchkit.harness import (
+from patchkit.variants.definitions import ProbeRow, find_variant
+from patchkit.variants.serve import serve_command
+from patchkit.variants.smoke.hardware import (
     MIN_MAX_TOKENS,
     PROBE_PROMPT,
     chat,
@@ -24,8 +26,6 @@ from patchkit.harness import (
     run_smoke,
     wait_healthy,
 )
-from patchkit.serve import serve_command
-from patchkit.variants import ProbeRow, find_variant
 
 LOGS = Path(__file__).parent / "data" / "boot-logs"
 IMAGES = Path(__file__).resolve().parents[1] / "images"

@@ -4,11 +4,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from builders import ENV_OK, image_toml as root
+from builders import ENV_OK
+from builders import image_toml as root
 
 from patchkit.errors import PatchkitError
-from patchkit.images import ARCH_ENV, load_image, load_images
-from patchkit.model import load_patchset
+from patchkit.images.definitions import ARCH_ENV, load_image, load_images
+from patchkit.patching.patchset import load_patchset
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELD_DIGEST = "sha256:905c02933be6021301db2dc284e24e3727467aa3a0f63b41d609885778a07bce"

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
 from builders import patch_toml, write_patchset
+
 from patchkit.errors import PatchkitError
-from patchkit.model import load_patchset
+from patchkit.patching.patchset import load_patchset
 
 GOOD = {"file": "m.py", "action": "replace", "anchor": "a", "text": "b"}
 

@@ -5,10 +5,23 @@ import json
 import pytest
 
 from patchkit.errors import PatchkitError
-from patchkit.oci.image import epoch_timestamp, layout_index, merge_env, new_config, new_manifest
+from patchkit.oci.image import (
+    epoch_timestamp,
+    layout_index,
+    merge_env,
+    new_config,
+    new_manifest,
+)
 from patchkit.oci.layer import Entry, build_layer
 from patchkit.oci.layout import Layout, write_layout
-from patchkit.oci.media import OCI_CONFIG, OCI_LAYER_GZIP, OCI_MANIFEST, Platform, canonical_json, sha256_digest
+from patchkit.oci.media import (
+    OCI_CONFIG,
+    OCI_LAYER_GZIP,
+    OCI_MANIFEST,
+    Platform,
+    canonical_json,
+    sha256_digest,
+)
 
 LAYER = build_layer([Entry("/a.py", "file", b"x\n")], epoch=0)
 BASE_CONFIG = {"architecture": "arm64", "os": "linux",

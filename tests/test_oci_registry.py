@@ -3,7 +3,6 @@
 import hashlib
 
 import pytest
-
 from registry import free_port, registry_server  # noqa: F401  (session fixture)
 
 from patchkit.errors import PatchkitError

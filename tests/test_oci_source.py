@@ -1,7 +1,6 @@
 """ImageLayersSource: the merged view of a base image's layers, read without unpacking the image."""
 
 import pytest
-
 from registry import raw_layer, small_layout, tar_gz
 
 from patchkit.errors import PatchkitError

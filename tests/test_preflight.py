@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from patchkit.checkpoint import sha256_bytes
 from patchkit.errors import PatchkitError
-from patchkit.preflight import GB10_MEMORY_GIB, preflight
-from patchkit.smoke_cpu import LAYOUTS, REAL_DIMS, TINY_DIMS, write_header_set
-from patchkit.variants import Pins, find_variant
+from patchkit.variants.checkpoint import sha256_bytes
+from patchkit.variants.definitions import Pins, find_variant
+from patchkit.variants.preflight import GB10_MEMORY_GIB, preflight
+from patchkit.variants.smoke.cpu import LAYOUTS, REAL_DIMS, TINY_DIMS, write_header_set
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
 

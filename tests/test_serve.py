@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.checkpoint import sha256_bytes
 from patchkit.errors import PatchkitError
-from patchkit.mtp_ignore import (
+from patchkit.variants.checkpoint import sha256_bytes
+from patchkit.variants.definitions import find_variant, load_variants
+from patchkit.variants.mtp_ignore import (
     extended_quantization_config,
     hf_overrides,
     patterns,
     predictor_layers,
 )
-from patchkit.serve import serve_args, serve_command
-from patchkit.smoke_cpu import LAYOUTS, TINY_DIMS, write_header_set
-from patchkit.variants import find_variant, load_variants
+from patchkit.variants.serve import serve_args, serve_command
+from patchkit.variants.smoke.cpu import LAYOUTS, TINY_DIMS, write_header_set
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
 VLLM_PYTHON = Path.home() / ".cache/patchkit/venvs/vllm-cpu/bin/python"
@@ -188,7 +188,7 @@ def test_override_on_a_verified_checkpoint(tmp_path):
     # Re-point an unpinned copy of the variant at the synthetic checkpoint (user-supplied pins).
     from dataclasses import replace
 
-    from patchkit.variants import Pins
+    from patchkit.variants.definitions import Pins
 
     unpinned = replace(nvidia, checkpoint=replace(nvidia.checkpoint, pins=Pins(None, None)))
     cmd = serve_args(unpinned, root, pin_config=config_sha, pin_index=index_sha)

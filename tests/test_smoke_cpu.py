@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.smoke_cpu import (
+from patchkit.variants.definitions import load_variants
+from patchkit.variants.smoke.cpu import (
     LAYOUTS,
     SRC,
     TINY_DIMS,
@@ -25,7 +26,6 @@ from patchkit.smoke_cpu import (
     probe_prefixes,
     smoke_cpu,
 )
-from patchkit.variants import load_variants
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
 def _modelopt_python() -> Path | None:
@@ -105,7 +105,7 @@ def test_patched_vllm_loads_every_variant(patched_vllm, workdir):
 def test_nvidia_needs_the_mtp_override(stock_vllm, workdir):
     """Without serve-args' --hf-overrides, vLLM builds the BF16 predictor NVFP4."""
     _need_modelopt()
-    from patchkit.smoke_cpu import _job, build_checkpoints, judge, quantprobe
+    from patchkit.variants.smoke.cpu import _job, build_checkpoints, judge, quantprobe
 
     nvidia = load_variants(IMAGES)["nvidia-nvfp4"]
     build_checkpoints([nvidia.name], workdir, str(MODELOPT_PYTHON))

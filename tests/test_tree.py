@@ -7,15 +7,14 @@ import subprocess
 import sys
 import textwrap
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
+from builders import snapshot, write_package, write_patchset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from builders import snapshot, write_package, write_patchset
-from patchkit import engine, tree
-from patchkit.model import load_patchset
+from patchkit.patching import planner, tree
+from patchkit.patching.patchset import load_patchset
 from patchkit.sources.directory import DirectorySource
 
 FILES = {f"mod{i}.py": f"VALUE_{i} = {i}\n\n\ndef f{i}():\n    return VALUE_{i}\n" for i in range(4)}
@@ -31,7 +30,7 @@ def four_file_series(tmp_path):
 
 def planned_writes(root, patchset):
     source = DirectorySource(root)
-    plan = engine.plan(patchset.series(), source)
+    plan = planner.plan(patchset.series(), source)
     assert plan.ok and len(plan.changes) == 4
     return [(source.package_root(c.package) / c.path, c) for c in plan.changes]
 
@@ -80,8 +79,8 @@ KILLER = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    from patchkit import engine, tree
-    from patchkit.model import load_patchset
+    from patchkit.patching import planner, tree
+    from patchkit.patching.patchset import load_patchset
     from patchkit.sources.directory import DirectorySource
 
     root, patches, kill_after = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
@@ -96,7 +95,7 @@ KILLER = textwrap.dedent(
 
     os.replace = dying_replace
     source = DirectorySource(root)
-    plan = engine.plan(load_patchset(patches).series(), source)
+    plan = planner.plan(load_patchset(patches).series(), source)
     tree.write_plan(root, source, plan)
     """
 )
@@ -115,7 +114,7 @@ def test_process_killed_between_replacements_is_repaired_by_next_run(tmp_path, k
     assert (root / tree.JOURNAL_DIR / "journal.json").exists()
 
     # The next CLI run on that target recovers first, then does its own job.
-    cli = subprocess.run([sys.executable, "-m", "patchkit.cli", "status", "--target", str(root),
+    cli = subprocess.run([sys.executable, "-m", "patchkit", "status", "--target", str(root),
                           "--patches", str(patchset.folder), "--json"], capture_output=True, text=True)
     assert "rolled back" in cli.stderr and cli.returncode == 0, cli.stderr
     assert {k: v for k, v in snapshot(root).items() if not k.startswith(tree.JOURNAL_DIR)} == before
@@ -189,7 +188,7 @@ def test_property_revert_after_apply_is_identity_and_apply_is_idempotent(tmp_pat
 
     def run(mode):
         source = DirectorySource(root)
-        plan = engine.plan(patchset.series(), source, mode=mode)
+        plan = planner.plan(patchset.series(), source, mode=mode)
         assert plan.ok, [r.describe() for r in plan.results]
         tree.write_plan(root, source, plan)
         return plan

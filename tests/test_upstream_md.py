@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from patchkit.model import load_patchset
-from patchkit.upstream import render
+from patchkit.patching.patchset import load_patchset
+from patchkit.patching.upstream import render
 
 REPO = Path(__file__).resolve().parents[1]
 

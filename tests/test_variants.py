@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from patchkit.errors import PatchkitError
-from patchkit.variants import (
+from patchkit.variants.definitions import (
     PINNED_KV_BYTES,
     check_method,
     find_variant,

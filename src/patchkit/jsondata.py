@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .errors import PatchkitError
+from patchkit.errors import PatchkitError
 
 
 def load_json_object(data: bytes | str, what: str) -> dict:

@@ -143,7 +143,10 @@ class Glm5NextOnCpu:
 
         import torch
         from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
-        from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+        from vllm.distributed import (
+            ensure_model_parallel_initialized,
+            init_distributed_environment,
+        )
         from vllm.v1.worker.workspace import init_workspace_manager
 
         self.torch = torch
@@ -169,7 +172,13 @@ class Glm5NextOnCpu:
         """Write a config.json carrying `quantization_config` and let vLLM build its configs from it,
         the way `vllm serve` does: ModelConfig (with --hf-overrides), then the quant config."""
         from transformers import Glm5NextConfig
-        from vllm.config import DeviceConfig, LoadConfig, ModelConfig, VllmConfig, set_current_vllm_config
+        from vllm.config import (
+            DeviceConfig,
+            LoadConfig,
+            ModelConfig,
+            VllmConfig,
+            set_current_vllm_config,
+        )
 
         self._checkpoints += 1
         folder = self.tmp_dir / f"checkpoint-{self._checkpoints}"

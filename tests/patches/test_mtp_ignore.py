@@ -13,10 +13,16 @@ Stand-ins for GPU-only kernel choices: see quant_configs.Glm5NextOnCpu.
 from __future__ import annotations
 
 import pytest
-from quant_configs import MTP_LAYER, NUM_HIDDEN_LAYERS, as_literal, nvidia_quantization_config, probe_prelude
+from quant_configs import (
+    MTP_LAYER,
+    NUM_HIDDEN_LAYERS,
+    as_literal,
+    nvidia_quantization_config,
+    probe_prelude,
+)
 
 from patchkit.errors import PatchkitError
-from patchkit.mtp_ignore import hf_overrides
+from patchkit.variants.mtp_ignore import hf_overrides
 
 ENV = {"HF_HUB_OFFLINE": "1"}
 SPELLINGS_45 = [

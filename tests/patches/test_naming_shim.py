@@ -13,9 +13,8 @@ changes nothing), and the patch must stay in the default series, where it guards
 from __future__ import annotations
 
 import pytest
-from quant_configs import probe_prelude
-
 from probes import guard_in_series, plan_on_drifted_upstream, probe_fixtures
+from quant_configs import probe_prelude
 
 ENV = {"HF_HUB_OFFLINE": "1"}
 

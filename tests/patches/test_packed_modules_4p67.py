@@ -13,8 +13,8 @@ Stand-ins for GPU-only kernel choices: see quant_configs.Glm5NextOnCpu.
 from __future__ import annotations
 
 import pytest
-from quant_configs import probe_prelude
 from probes import probe_fixtures
+from quant_configs import probe_prelude
 
 pytestmark = pytest.mark.vllm
 

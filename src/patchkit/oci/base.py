@@ -18,8 +18,14 @@ import platformdirs
 
 from patchkit.errors import PatchkitError
 from patchkit.oci.layout import Layout
-from patchkit.oci.media import (INDEX_TYPES, MANIFEST_TYPES, Platform, check_digest, load_json,
-                                sha256_digest)
+from patchkit.oci.media import (
+    INDEX_TYPES,
+    MANIFEST_TYPES,
+    Platform,
+    check_digest,
+    load_json,
+    sha256_digest,
+)
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference, RegistryClient
 

@@ -11,8 +11,16 @@ from collections.abc import Mapping
 
 from patchkit.errors import PatchkitError
 from patchkit.oci.layer import Layer
-from patchkit.oci.media import (INDEX_TYPES, OCI_CONFIG, OCI_INDEX, OCI_MANIFEST, TO_OCI, Platform,
-                                canonical_json, descriptor)
+from patchkit.oci.media import (
+    INDEX_TYPES,
+    OCI_CONFIG,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    TO_OCI,
+    Platform,
+    canonical_json,
+    descriptor,
+)
 
 
 def epoch_timestamp(epoch: int) -> str:

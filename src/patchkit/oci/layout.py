@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
-from patchkit.oci.media import INDEX_TYPES, canonical_json, check_digest, load_json, sha256_digest
+from patchkit.oci.media import (
+    INDEX_TYPES,
+    canonical_json,
+    check_digest,
+    load_json,
+    sha256_digest,
+)
 
 LAYOUT_FILE = "oci-layout"
 LAYOUT_VERSION = {"imageLayoutVersion": "1.0.0"}

@@ -36,8 +36,14 @@ class RichProgress:
 
     @contextmanager
     def task(self, description: str, total: int | None):
-        from rich.progress import (BarColumn, DownloadColumn, Progress as Bars, TextColumn,
-                                   TimeRemainingColumn, TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+        from rich.progress import Progress as Bars
 
         with Bars(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                   TimeRemainingColumn(), console=self.console, transient=False) as bars:

@@ -27,8 +27,14 @@ from urllib.parse import urljoin
 import requests
 
 from patchkit.errors import PatchkitError
-from patchkit.oci.media import (DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST, check_digest,
-                                sha256_digest)
+from patchkit.oci.media import (
+    DOCKER_LIST,
+    DOCKER_MANIFEST,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    check_digest,
+    sha256_digest,
+)
 from patchkit.oci.progress import Progress, Quiet
 
 MANIFEST_ACCEPT = ", ".join([OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST])

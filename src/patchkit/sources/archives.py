@@ -19,7 +19,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
-from patchkit.sources.base import PACKAGES, check_package, find_package_root, relative_path
+from patchkit.sources.base import (
+    PACKAGES,
+    check_package,
+    find_package_root,
+    relative_path,
+)
 from patchkit.sources.cache import FileCache
 
 CHUNK = 1 << 20

@@ -12,8 +12,19 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from patchkit.errors import PatchkitError
-from patchkit.sources.base import DISTRIBUTIONS, PACKAGES, check_package, find_package_root, relative_path
-from patchkit.sources.metadata import core_metadata, same_distribution, static_project_version, version_py
+from patchkit.sources.base import (
+    DISTRIBUTIONS,
+    PACKAGES,
+    check_package,
+    find_package_root,
+    relative_path,
+)
+from patchkit.sources.metadata import (
+    core_metadata,
+    same_distribution,
+    static_project_version,
+    version_py,
+)
 
 
 class DirectorySource:

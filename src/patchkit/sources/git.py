@@ -21,7 +21,12 @@ import git
 from packaging.version import InvalidVersion, Version
 
 from patchkit.errors import PatchkitError
-from patchkit.sources.base import PACKAGES, check_package, find_package_root, relative_path
+from patchkit.sources.base import (
+    PACKAGES,
+    check_package,
+    find_package_root,
+    relative_path,
+)
 from patchkit.sources.cache import SdistCache
 from patchkit.sources.metadata import version_py
 

@@ -27,7 +27,13 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 
 from patchkit.errors import PatchkitError
 

@@ -12,7 +12,6 @@ from patchkit.sources.base import PACKAGES
 from patchkit.sources.cache import FileCache
 from patchkit.sources.metadata import core_metadata, same_distribution, same_version
 
-
 # Files beside the packages that say which companion releases a release pins (vLLM: its FlashInfer).
 PIN_FILES = ("requirements/cuda.txt",)
 

@@ -17,8 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .engine import FileChange, Plan
-from .errors import PatchkitError
+from patchkit.errors import PatchkitError
+from patchkit.patching.planner import FileChange, Plan
 
 JOURNAL_DIR = ".patchkit-journal"
 

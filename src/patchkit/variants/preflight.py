@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 
-from patchkit.checkpoint import (
+from patchkit.errors import PatchkitError
+from patchkit.variants.checkpoint import (
     CONFIG,
     INDEX,
     Inventory,
@@ -28,9 +29,8 @@ from patchkit.checkpoint import (
     sha256_bytes,
     verify_identity,
 )
-from patchkit.errors import PatchkitError
-from patchkit.mtp_ignore import extended_quantization_config
-from patchkit.variants import Variant, load_variants, resolve_pins
+from patchkit.variants.definitions import Variant, load_variants, resolve_pins
+from patchkit.variants.mtp_ignore import extended_quantization_config
 
 GIB = 1024**3
 GB10_MEMORY_GIB = 121.63  # unified memory per DGX Spark node

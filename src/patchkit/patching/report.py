@@ -7,7 +7,7 @@ import hashlib
 from rich.table import Table
 from rich.text import Text
 
-from .engine import Plan, PatchResult, State
+from patchkit.patching.planner import PatchResult, Plan, State
 
 STYLES = {
     State.APPLIED: "green",

@@ -14,8 +14,8 @@ from pathlib import Path, PurePosixPath
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from .errors import PatchkitError
-from .sources.base import DISTRIBUTIONS
+from patchkit.errors import PatchkitError
+from patchkit.sources.base import DISTRIBUTIONS
 
 ACTIONS = ("replace", "insert_before", "insert_after", "assert")
 UPSTREAM_STATES = re.compile(r"^(none|open|merged-in-\d+(\.\d+)*([a-z0-9.+-]*)?)$")

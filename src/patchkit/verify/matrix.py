@@ -26,12 +26,12 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from . import PINNED_VLLM
-from .engine import PatchResult, Plan, State, plan
-from .errors import PatchkitError
-from .model import Patch, PatchSet
-from .sources.base import Source
-from .sources.cache import SdistCache
+from patchkit import PINNED_VLLM
+from patchkit.errors import PatchkitError
+from patchkit.patching.patchset import Patch, PatchSet
+from patchkit.patching.planner import PatchResult, Plan, State, plan
+from patchkit.sources.base import Source
+from patchkit.sources.cache import SdistCache
 
 FULL = "full"  # the series name standing for the whole patch set when there are no images
 
@@ -112,7 +112,7 @@ def index_targets(wanted: VersionFilter, pinned: str = PINNED_VLLM) -> list[Targ
     if wanted.exact is not None:
         versions = set(wanted.exact)
     else:
-        from .sources import discover_releases
+        from patchkit.sources import discover_releases
 
         versions = set(discover_releases("vllm", wanted.spec))
     versions.add(Version(pinned))
@@ -311,13 +311,13 @@ def load_image_series(images_dir: Path | None, patchset: PatchSet) -> dict[str, 
     """Each image's series; the full series alone ("full") when there are no image definitions."""
     if images_dir is None or not any(Path(images_dir).glob("*/image.toml")):
         return {FULL: patchset.order}
-    from .images import load_images
+    from patchkit.images.definitions import load_images
 
     return {name: image.series for name, image in sorted(load_images(images_dir, patchset).items())}
 
 
 def open_target(target: Target, *, cache: SdistCache | None = None, progress: bool = False) -> Source:
-    from .sources import GitSource, open_source
+    from patchkit.sources import GitSource, open_source
 
     try:
         if target.location is not None:
@@ -352,7 +352,7 @@ def compute(
         source = opener(target) if opener else open_target(target, cache=cache, progress=progress)
         companions = list(extra or []) or _pinned_companions(source, cache, progress)
         if companions:
-            from .sources import combine_sources
+            from patchkit.sources import combine_sources
 
             source = combine_sources([source, *companions])
         column = _column(target, source, pinned)
@@ -379,8 +379,8 @@ def compute(
 
 def _pinned_companions(source: Source, cache: SdistCache | None, progress: bool) -> list[Source]:
     """Without --with, a release is checked together with the FlashInfer release it pins."""
-    from .sources import open_source
-    from .sources.pins import pinned_flashinfer
+    from patchkit.sources import open_source
+    from patchkit.sources.pins import pinned_flashinfer
 
     version = pinned_flashinfer(source)
     return [open_source(f"flashinfer-python=={version}", cache=cache, progress=progress)] if version else []
@@ -433,7 +433,7 @@ def _image_cell(image_plan: Plan, cells: dict[tuple[str, str], Cell], label: str
 
 
 def to_dict(matrix: Matrix) -> dict:
-    from .report import result_to_dict
+    from patchkit.patching.report import result_to_dict
 
     def cell_dict(cell: Cell) -> dict:
         out = {

@@ -12,7 +12,7 @@ quantizable layer of it through the (stock or patched) vLLM quantization config 
 environment, giving the quantprobe table compared with the variant's expected rows.
 
 Only the standard library and patchkit's stdlib-only modules are imported at the top: this file also
-runs as the worker (`python -m patchkit.smoke_cpu ...`) inside those other environments.
+runs as the worker (`python -m patchkit.variants.smoke.cpu ...`) inside those other environments.
 """
 
 from __future__ import annotations
@@ -398,7 +398,7 @@ def config_json(layout: Layout, d: Dims, mods: list[Linear]) -> dict:
 
 
 def _header_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[bytes, int]:
-    from patchkit.checkpoint import DTYPE_BITS
+    from patchkit.variants.checkpoint import DTYPE_BITS
 
     header, offset = {}, 0
     for name, (dtype, shape) in tensors.items():
@@ -441,7 +441,7 @@ def write_header_set(root: Path, layout: Layout, d: Dims, shards: int) -> dict:
 # ---------------------------------------------------------------- Part 2: packing (reference code)
 
 
-SRC = Path(__file__).resolve().parents[1]  # the directory holding the patchkit package
+SRC = Path(__file__).resolve().parents[3]  # the directory holding the patchkit package
 INPUT_SCALE = 0.5 / (6 * 448)  # a calibrated static activation scale: amax 0.5 over e2m1 max x e4m3 max
 
 
@@ -534,7 +534,7 @@ def _quantize(m: Linear, w):
 
 def _run_worker(python: str, args: list[str], pythonpath: list[Path], timeout: int) -> str:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in pythonpath), VLLM_LOGGING_LEVEL="ERROR")
-    proc = subprocess.run([python, "-m", "patchkit.smoke_cpu", *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    proc = subprocess.run([python, "-m", "patchkit.variants.smoke.cpu", *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
     if proc.returncode != 0:
         raise PatchkitError(f"smoke worker {args[0]} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc.stdout
@@ -699,14 +699,14 @@ class SmokeReport:
 def _job(variant, workdir: Path, exclude_mtp: bool | None = None) -> tuple[dict, dict[str, str]]:
     """Identity, then the serve override from the verified config, then the stored formats: the same
     path serve-args takes. `exclude_mtp=False` withholds the override (to show what it fixes)."""
-    from patchkit.checkpoint import (
+    from patchkit.variants.checkpoint import (
         inventory,
         read_headers,
         sha256_bytes,
         verify_identity,
     )
-    from patchkit.mtp_ignore import hf_overrides
-    from patchkit.variants import Pins
+    from patchkit.variants.definitions import Pins
+    from patchkit.variants.mtp_ignore import hf_overrides
 
     ckpt = workdir / variant.name
     pins = Pins(sha256_bytes((ckpt / "config.json").read_bytes()), sha256_bytes((ckpt / "model.safetensors.index.json").read_bytes()))
@@ -775,7 +775,7 @@ def _main(argv: list[str]) -> int:
     if argv[:1] == ["probe"] and len(argv) == 2:
         print(json.dumps(_probe(json.loads(Path(argv[1]).read_text()))))
         return 0
-    print("usage: python -m patchkit.smoke_cpu pack WORKDIR VARIANT... | probe JOBS.json", file=sys.stderr)
+    print("usage: python -m patchkit.variants.smoke.cpu pack WORKDIR VARIANT... | probe JOBS.json", file=sys.stderr)
     return 2
 
 

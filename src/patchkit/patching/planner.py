@@ -15,10 +15,10 @@ from enum import StrEnum
 
 from packaging.version import InvalidVersion, Version
 
-from .diagnostics import NearestMatch, nearest_match, occurrence_lines
-from .errors import PatchFailed
-from .model import Edit, Patch, Probe
-from .sources.base import Source, read_many
+from patchkit.errors import PatchFailed
+from patchkit.patching.diagnostics import NearestMatch, nearest_match, occurrence_lines
+from patchkit.patching.patchset import Edit, Patch, Probe
+from patchkit.sources.base import Source, read_many
 
 
 class State(StrEnum):

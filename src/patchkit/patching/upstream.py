@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .model import PatchSet
+from patchkit.patching.patchset import PatchSet
 
 HEADER = """# Upstream status of the patch set
 

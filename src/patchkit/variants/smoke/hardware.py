@@ -26,8 +26,8 @@ import requests
 
 from patchkit import __version__
 from patchkit.errors import PatchkitError
-from patchkit.serve import ServeCommand
-from patchkit.variants import ProbeRow, Variant
+from patchkit.variants.definitions import ProbeRow, Variant
+from patchkit.variants.serve import ServeCommand
 
 MIN_MAX_TOKENS = 256  # seed 001: max_tokens 48 can end in content null, finish "length"
 CHAT_PROMPT = "Reply with one short sentence: what is 17 times 3?"

@@ -45,11 +45,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit import __version__
-from patchkit.engine import FileChange, Plan, State, plan
+from patchkit import CHECKOUT, __version__
 from patchkit.errors import PatchkitError
-from patchkit.images import Image, load_image
-from patchkit.model import Patch, PatchSet, load_patchset
+from patchkit.images.definitions import Image, load_image
 from patchkit.oci.base import BaseImage, open_base
 from patchkit.oci.image import epoch_timestamp, layout_index, new_config, new_manifest
 from patchkit.oci.layer import Entry, Layer, build_layer, normalize, whiteout_path
@@ -58,9 +56,11 @@ from patchkit.oci.media import OCI_MANIFEST, Platform, canonical_json, sha256_di
 from patchkit.oci.progress import Progress, Quiet, RichProgress
 from patchkit.oci.registry import Reference, RegistryClient
 from patchkit.oci.source import ImageLayersSource, PackageRoot
+from patchkit.patching.patchset import Patch, PatchSet, load_patchset
+from patchkit.patching.planner import FileChange, Plan, State, plan
 from patchkit.sources.cache import default_cache_root
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = CHECKOUT
 ANNOTATION_PREFIX = "dev.patchkit"
 # Bad magic (zeros): importlib raises ImportError in _classify_pyc, which SourceLoader.get_code catches
 # and answers by compiling the source (and rewriting the pyc where it may).

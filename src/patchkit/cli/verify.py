@@ -1,4 +1,4 @@
-"""The `patchkit verify` command; the group in cli.py registers it and maps PatchkitError to exit 2.
+"""The `patchkit verify` command; the group in cli/main.py registers it and maps PatchkitError to exit 2.
 
 Everything heavy is imported inside the command, so `patchkit --help` stays fast.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from . import PINNED_VLLM
+from patchkit import PINNED_VLLM
 
 
 @click.command("verify")
@@ -41,11 +41,11 @@ def verify_command(versions, git_location, tag_globs, refs, with_sources, patche
     """
     from rich.console import Console
 
-    from . import verify
-    from .cli import default_dir
-    from .errors import PatchkitError
-    from .model import load_patchset
-    from .sources import open_source
+    from patchkit.cli.common import default_dir
+    from patchkit.errors import PatchkitError
+    from patchkit.patching.patchset import load_patchset
+    from patchkit.sources import open_source
+    from patchkit.verify import matrix as verify
 
     if as_json and markdown:
         raise click.UsageError("--json and --markdown are exclusive")

@@ -54,8 +54,9 @@ from pathlib import Path, PurePosixPath
 
 from packaging.version import InvalidVersion, Version
 
+from patchkit import CHECKOUT
 from patchkit.errors import PatchkitError
-from patchkit.model import PatchSet
+from patchkit.patching.patchset import PatchSet
 from patchkit.sources.base import DISTRIBUTIONS
 
 IMAGE_FILE = "image.toml"
@@ -118,7 +119,7 @@ class Image:
 
 
 def default_images_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "images"
+    return CHECKOUT / "images"
 
 
 def load_images(images_dir: Path | str, patchset: PatchSet) -> dict[str, Image]:
@@ -350,10 +351,10 @@ def mirrors(images: dict[str, Image], prefix: str, name: str | None = None) -> l
     return out
 
 
-if __name__ == "__main__":  # python -m patchkit.images PREFIX [IMAGE]: "SOURCE MIRROR" lines, for CI
+if __name__ == "__main__":  # python -m patchkit.images.definitions PREFIX [IMAGE]: "SOURCE MIRROR" lines, for CI
     import sys
 
-    from patchkit.model import load_patchset
+    from patchkit.patching.patchset import load_patchset
 
     _images = load_images(Path("images"), load_patchset(Path("patches")))
     for _pair in mirrors(_images, sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None):

@@ -7,85 +7,28 @@ Exit codes: 0 success; 1 a patch does not apply or is broken (or, for verify, a 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 
-from . import PINNED_SOURCES, engine, report
-from .errors import PatchkitError, PatchFailed
-from .model import PatchSet, load_patchset
-
-console = Console()
-err_console = Console(stderr=True)
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def default_dir(name: str, env: str) -> Path:
-    """patches/ and images/ of this checkout, overridable for installed copies and tests."""
-    if os.environ.get(env):
-        return Path(os.environ[env])
-    for base in (Path.cwd(), REPO_ROOT):
-        if (base / name).is_dir():
-            return base / name
-    return Path.cwd() / name
-
-
-def load_series(patches_dir: Path, series: str | None) -> tuple[PatchSet, list]:
-    """`--series full` (the default) is the whole set; any other name is an image's own series."""
-    patchset = load_patchset(patches_dir)
-    if series in (None, "full"):
-        return patchset, patchset.series()
-    from .images import load_images  # images depend on the patch model, not the other way round
-
-    images_dir = default_dir("images", "PATCHKIT_IMAGES")
-    if not (images_dir / series / "image.toml").is_file():
-        names = sorted(p.parent.name for p in images_dir.glob("*/image.toml"))
-        raise PatchkitError(f"unknown series {series!r}: use 'full' or an image name ({', '.join(names) or 'none'})")
-    images = load_images(images_dir, patchset)
-    return patchset, patchset.series(images[series].series)
-
-
-def parse_assumed(values: tuple[str, ...]) -> dict[str, str]:
-    out = {}
-    for value in values:
-        package, sep, version = value.partition("=")
-        if not sep or not package or not version:
-            raise PatchkitError(f"--assume-version takes PACKAGE=VERSION, got {value!r}")
-        out[package] = version
-    return out
-
-
-def emit(as_json: bool, payload: dict, renderable=None) -> None:
-    if as_json:
-        click.echo(json.dumps(payload, indent=2, sort_keys=True))
-    elif renderable is not None:
-        console.print(renderable)
-
-
-class PatchkitGroup(click.Group):
-    """Turns patchkit's errors into their exit codes with a one-paragraph message, never a traceback."""
-
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except PatchkitError as e:
-            err_console.print(f"[bold red]patchkit: {'patch failed' if isinstance(e, PatchFailed) else 'error'}:[/] ", end="")
-            err_console.print(str(e), markup=False, highlight=False, soft_wrap=True)
-            sys.exit(e.exit_code)
-
-
-series_option = click.option("--series", default=None, help="'full' (default) or an image name whose series to use.")
-patches_option = click.option(
-    "--patches", "patches_dir", type=click.Path(path_type=Path), default=None, help="Patch set directory."
+from patchkit import PINNED_SOURCES
+from patchkit.cli.common import (
+    PatchkitGroup,
+    assume_option,
+    console,
+    default_dir,
+    emit,
+    err_console,
+    json_option,
+    load_series,
+    parse_assumed,
+    patches_option,
+    series_option,
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-assume_option = click.option(
-    "--assume-version", "assumed", multiple=True, metavar="PKG=VER",
-    help="Treat a package as this release (e.g. a dev-build base: vllm=0.30.0).",
-)
+from patchkit.errors import PatchkitError
+from patchkit.patching import planner, report
+from patchkit.patching.patchset import load_patchset
 
 
 @click.group(cls=PatchkitGroup)
@@ -124,7 +67,7 @@ def list_cmd(patches_dir, series, as_json):
 
 
 def _open(specs: tuple[str, ...]):
-    from .sources import combine_sources, open_source
+    from patchkit.sources import combine_sources, open_source
 
     if not specs:
         raise PatchkitError("give at least one --source")
@@ -147,8 +90,8 @@ source_option = click.option(
 def check(sources, patches_dir, series, assumed, as_json):
     """Does the series apply to SRC? Every anchor asserted; nothing written."""
     _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
-    plan = engine.plan(patches, _open(sources), versions=parse_assumed(assumed))
-    labels = {engine.State.NOT_APPLIED: "applies"}
+    plan = planner.plan(patches, _open(sources), versions=parse_assumed(assumed))
+    labels = {planner.State.NOT_APPLIED: "applies"}
     emit(as_json, report.plan_to_dict(plan), report.plan_table(plan, labels=labels))
     sys.exit(0 if plan.ok else 1)
 
@@ -161,14 +104,14 @@ def check(sources, patches_dir, series, assumed, as_json):
 def diff(sources, patches_dir, series, assumed):
     """The unified diff of the series against SRC, for review or an upstream pull request."""
     _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
-    plan = engine.plan(patches, _open(sources), versions=parse_assumed(assumed))
+    plan = planner.plan(patches, _open(sources), versions=parse_assumed(assumed))
     plan.raise_for_errors()
     click.echo(plan.diff(), nl=False)
 
 
 def _target(target: Path):
-    from .sources import DirectorySource
-    from .tree import recover
+    from patchkit.patching.tree import recover
+    from patchkit.sources import DirectorySource
 
     recovery = recover(target)
     if recovery:
@@ -186,14 +129,14 @@ def target_command(f):
     return main.command(f.__name__)(f)
 
 
-def _run_on_target(target, patches_dir, series, assumed, as_json, *, mode: str, done: engine.State,
+def _run_on_target(target, patches_dir, series, assumed, as_json, *, mode: str, done: planner.State,
                    done_label: str, nothing: str) -> None:
     """Plan `mode` on the tree, write only when every patch is whole, report, exit 0/1."""
     _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
     source = _target(target)
-    plan = engine.plan(patches, source, mode=mode, versions=parse_assumed(assumed))
+    plan = planner.plan(patches, source, mode=mode, versions=parse_assumed(assumed))
     if plan.ok and plan.changes:
-        from .tree import write_plan
+        from patchkit.patching.tree import write_plan
 
         write_plan(target, source, plan)
     labels = {done: done_label if plan.ok else str(done)}
@@ -206,14 +149,14 @@ def _run_on_target(target, patches_dir, series, assumed, as_json, *, mode: str, 
 @target_command
 def apply(target, patches_dir, series, assumed, as_json):
     """Apply the series to a vLLM tree: all patches or none, atomically."""
-    _run_on_target(target, patches_dir, series, assumed, as_json, mode="apply", done=engine.State.NOT_APPLIED,
+    _run_on_target(target, patches_dir, series, assumed, as_json, mode="apply", done=planner.State.NOT_APPLIED,
                    done_label="applied now", nothing="the series is already applied")
 
 
 @target_command
 def revert(target, patches_dir, series, assumed, as_json):
     """Undo the series, restoring the original bytes exactly."""
-    _run_on_target(target, patches_dir, series, assumed, as_json, mode="revert", done=engine.State.APPLIED,
+    _run_on_target(target, patches_dir, series, assumed, as_json, mode="revert", done=planner.State.APPLIED,
                    done_label="reverted now", nothing="no patch of the series is applied")
 
 
@@ -221,7 +164,7 @@ def revert(target, patches_dir, series, assumed, as_json):
 def status(target, patches_dir, series, assumed, as_json):
     """Per-patch state of a tree, read from its text."""
     _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
-    plan = engine.plan(patches, _target(target), versions=parse_assumed(assumed))
+    plan = planner.plan(patches, _target(target), versions=parse_assumed(assumed))
     emit(as_json, report.plan_to_dict(plan) | {"changes": []}, report.plan_table(plan))
     sys.exit(0 if plan.ok else 1)
 
@@ -242,7 +185,7 @@ def status(target, patches_dir, series, assumed, as_json):
 def build_cmd(image, base, push, output, dry_run, engine, engine_url, result_json, revision, source_url, patches_dir,
               as_json):
     """Build IMAGE: the base plus one layer of patched files, linux/arm64, reproducible, no daemon."""
-    from .build import build
+    from patchkit.images.build import build
 
     result = build(
         image, base=base, push=push, output=output, dry_run=dry_run, engine=engine, engine_url=engine_url,
@@ -301,8 +244,8 @@ def with_pins(f):
 @json_option
 def preflight(path, variant, tp, pin_config, pin_index, as_json):
     """Will this checkpoint load? Identity pins first, then safetensors headers only (no tensor data)."""
-    from .preflight import preflight as run
-    from .variants import find_variant
+    from patchkit.variants.definitions import find_variant
+    from patchkit.variants.preflight import preflight as run
 
     images = default_dir("images", "PATCHKIT_IMAGES")
     report_ = run(path, variant=find_variant(variant, images) if variant else None, tp=tp,
@@ -323,8 +266,8 @@ def preflight(path, variant, tp, pin_config, pin_index, as_json):
 @json_option
 def serve_args_cmd(variant, checkpoint, model, pin_config, pin_index, as_json):
     """The vLLM command line (and environment) for VARIANT; overrides only from a verified checkpoint."""
-    from .serve import serve_args
-    from .variants import find_variant
+    from patchkit.variants.definitions import find_variant
+    from patchkit.variants.serve import serve_args
 
     command = serve_args(find_variant(variant, default_dir("images", "PATCHKIT_IMAGES")), checkpoint,
                          pin_config, pin_index, model)
@@ -353,7 +296,7 @@ def serve_args_cmd(variant, checkpoint, model, pin_config, pin_index, as_json):
 def smoke(variants, cpu, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr, vllm_python, workdir,
           series, pin_config, pin_index, as_json):
     """Prove a variant loads: --cpu here (stock vs patched vLLM), or on real hosts with --host."""
-    from .variants import find_variant
+    from patchkit.variants.definitions import find_variant
 
     images = default_dir("images", "PATCHKIT_IMAGES")
     chosen = [find_variant(v, images) for v in variants]
@@ -370,8 +313,8 @@ def smoke(variants, cpu, hosts, image, checkpoint, hf_cache, url, receipt, keep,
 def _smoke_cpu(variants, vllm_python, workdir, series, as_json) -> bool:
     import tempfile
 
-    from .copies import installed_package, patched_copy
-    from .smoke_cpu import smoke_cpu
+    from patchkit.patching.copies import installed_package, patched_copy
+    from patchkit.variants.smoke.cpu import smoke_cpu
 
     python = vllm_python or sys.executable
     work = Path(workdir or tempfile.mkdtemp(prefix="patchkit-smoke-"))
@@ -396,8 +339,8 @@ def _smoke_cpu(variants, vllm_python, workdir, series, as_json) -> bool:
 
 def _smoke_hosts(variants, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr, pin_config,
                  pin_index, as_json) -> bool:
-    from .harness import DockerRunner, run_smoke
-    from .serve import serve_args
+    from patchkit.variants.serve import serve_args
+    from patchkit.variants.smoke.hardware import DockerRunner, run_smoke
 
     if len(variants) != 1 or not image:
         raise PatchkitError("a hardware smoke takes one variant and --image")
@@ -418,7 +361,7 @@ def _smoke_hosts(variants, hosts, image, checkpoint, hf_cache, url, receipt, kee
 @click.option("--write", is_flag=True, help="Rewrite UPSTREAM.md beside the patches folder.")
 def upstream(patches_dir, write):
     """UPSTREAM.md from the patch metadata (printed, or written with --write)."""
-    from .upstream import render
+    from patchkit.patching.upstream import render
 
     patches_dir = patches_dir or default_dir("patches", "PATCHKIT_PATCHES")
     text = render(load_patchset(patches_dir))
@@ -428,9 +371,7 @@ def upstream(patches_dir, write):
         click.echo(text, nl=False)
 
 
-from .verify_cli import verify_command  # noqa: E402  (registered last: it imports helpers from here)
+from patchkit.cli.verify import verify_command  # noqa: E402
 
 main.add_command(verify_command)
 
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import load_json_object
-from patchkit.variants import Pins
+from patchkit.variants.definitions import Pins
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"

@@ -13,10 +13,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchkit.checkpoint import VerifiedCheckpoint, verify_identity
 from patchkit.errors import PatchkitError
-from patchkit.mtp_ignore import hf_overrides
-from patchkit.variants import Variant, resolve_pins
+from patchkit.variants.checkpoint import VerifiedCheckpoint, verify_identity
+from patchkit.variants.definitions import Variant, resolve_pins
+from patchkit.variants.mtp_ignore import hf_overrides
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import engine
-from .errors import PatchkitError
-from .model import Patch
-from .sources.directory import DirectorySource
-from .tree import write_plan
+from patchkit.errors import PatchkitError
+from patchkit.patching import planner
+from patchkit.patching.patchset import Patch
+from patchkit.patching.tree import write_plan
+from patchkit.sources.directory import DirectorySource
 
 
 def installed_package(package: str, python: str | None = None) -> Path:
@@ -37,12 +37,12 @@ def installed_package(package: str, python: str | None = None) -> Path:
     return Path(locations[0])
 
 
-def patched_copy(installed: Path, dest: Path, patches: list[Patch]) -> engine.Plan:
+def patched_copy(installed: Path, dest: Path, patches: list[Patch]) -> planner.Plan:
     """Hard-link `installed` (a package dir) into `dest/<name>` and apply `patches` there, fail closed."""
     shutil.copytree(installed, dest / installed.name, copy_function=os.link,
                     ignore=shutil.ignore_patterns("__pycache__"))
     source = DirectorySource(dest)
-    plan = engine.plan(patches, source)
+    plan = planner.plan(patches, source)
     plan.raise_for_errors()
     write_plan(dest, source, plan)
     return plan

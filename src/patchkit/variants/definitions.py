@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from patchkit import CHECKOUT
 from patchkit.errors import PatchkitError
 
 VARIANT_FILE = "variant.toml"
@@ -485,7 +486,7 @@ def load_variant(path: Path) -> Variant:
 
 def default_images_dir() -> Path:
     """The repository's images/ directory (patchkit runs from a checkout; images are not packaged)."""
-    candidate = Path(__file__).resolve().parents[2] / "images"
+    candidate = CHECKOUT / "images"
     if not candidate.is_dir():
         raise PatchkitError(f"no images directory at {candidate}; pass the images directory explicitly")
     return candidate

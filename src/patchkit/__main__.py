@@ -1,0 +1,5 @@
+"""`python -m patchkit`: the command line."""
+
+from patchkit.cli import main
+
+main()

@@ -313,7 +313,7 @@ def smoke(variants, cpu, hosts, image, checkpoint, hf_cache, url, receipt, keep,
 def _smoke_cpu(variants, vllm_python, workdir, series, as_json) -> bool:
     import tempfile
 
-    from patchkit.patching.copies import installed_package, patched_copy
+    from patchkit.patching.copies import installed_package, reuse_or_copy
     from patchkit.variants.smoke.cpu import smoke_cpu
 
     python = vllm_python or sys.executable
@@ -324,8 +324,7 @@ def _smoke_cpu(variants, vllm_python, workdir, series, as_json) -> bool:
     for variant in variants:
         _, patches = load_series(patches_dir, series or variant.image)
         site = work / f"patched-{variant.name}"
-        if not site.exists():
-            patched_copy(installed, site, patches)
+        reuse_or_copy(installed, site, patches)
         reports += smoke_cpu([variant], work, python, python, None, "stock")
         reports += smoke_cpu([variant], work, python, python, site, "patched")
     if as_json:

@@ -38,11 +38,34 @@ def installed_package(package: str, python: str | None = None) -> Path:
 
 
 def patched_copy(installed: Path, dest: Path, patches: list[Patch]) -> planner.Plan:
-    """Hard-link `installed` (a package dir) into `dest/<name>` and apply `patches` there, fail closed."""
+    """Hard-link `installed` (a package dir) into `dest/<name>` and apply `patches` there, fail closed.
+
+    A stamp naming the original and the series is written last, so `reuse_or_copy` can tell a finished
+    copy of this series from a half-made one or a copy of another series.
+    """
     shutil.copytree(installed, dest / installed.name, copy_function=os.link,
                     ignore=shutil.ignore_patterns("__pycache__"))
     source = DirectorySource(dest)
     plan = planner.plan(patches, source)
     plan.raise_for_errors()
     write_plan(dest, source, plan)
+    (dest / STAMP).write_text(_stamp(installed, patches))
     return plan
+
+
+STAMP = ".patchkit-copy.json"
+
+
+def _stamp(installed: Path, patches: list[Patch]) -> str:
+    return json.dumps({"installed": str(installed.resolve()), "series": [[p.id, p.digest] for p in patches]})
+
+
+def reuse_or_copy(installed: Path, dest: Path, patches: list[Patch]) -> None:
+    """`dest` holds a patched copy of `installed` with exactly `patches`: kept if its stamp says so,
+    else (missing, half-made, another series or another original) removed and made again."""
+    stamp = dest / STAMP
+    if stamp.is_file() and stamp.read_text() == _stamp(installed, patches):
+        return
+    if dest.exists():
+        shutil.rmtree(dest)
+    patched_copy(installed, dest, patches)

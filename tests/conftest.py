@@ -24,6 +24,7 @@ from patchkit.patching.copies import patched_copy
 from patchkit.patching.patchset import load_patchset
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ["not_run"]  # the closing "what did not run" summary
 
 
 @dataclass

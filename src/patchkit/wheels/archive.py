@@ -1,0 +1,76 @@
+"""A reproducible zip: members copied from another zip without recompressing, or written afresh.
+
+The stdlib's zipfile recompresses everything it writes and has no call that copies a member's
+compressed bytes; recompressing vLLM's 336 MB wheel would cost tens of seconds and change the bytes of
+its compiled extensions' deflate streams for nothing. So a member is copied raw: its compressed bytes
+are read from behind its local header, and a fresh local header (fixed timestamp, same CRC, sizes and
+method) is written before them through zipfile's own header encoder; zipfile then writes the central
+directory as usual. Every entry gets the same timestamp and a mode made from its permission bits only,
+so the archive's bytes depend on the contents and the order of the entries alone.
+"""
+
+from __future__ import annotations
+
+import struct
+import zipfile
+from typing import BinaryIO
+
+EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest zip (DOS) date: no clock or SOURCE_DATE_EPOCH in the bytes
+COMPRESS_LEVEL = 6  # zlib's default, fixed so another default elsewhere cannot change the bytes
+
+
+def read_raw(fp: BinaryIO, info: zipfile.ZipInfo) -> bytes:
+    """The compressed bytes of `info`'s member, as stored (no decompression)."""
+    if info.flag_bits & 0x1:
+        raise ValueError(f"{info.filename} is encrypted")
+    fp.seek(info.header_offset)
+    header = struct.unpack(zipfile.structFileHeader, fp.read(zipfile.sizeFileHeader))
+    if header[zipfile._FH_SIGNATURE] != zipfile.stringFileHeader:
+        raise zipfile.BadZipFile(f"{info.filename}: no local file header at offset {info.header_offset}")
+    skip = header[zipfile._FH_FILENAME_LENGTH] + header[zipfile._FH_EXTRA_FIELD_LENGTH]
+    fp.seek(info.header_offset + zipfile.sizeFileHeader + skip)
+    raw = fp.read(info.compress_size)
+    if len(raw) != info.compress_size:
+        raise zipfile.BadZipFile(f"{info.filename}: truncated ({len(raw)} of {info.compress_size} bytes)")
+    return raw
+
+
+def mode_of(info: zipfile.ZipInfo) -> int:
+    """The permission bits a member carries (0o644 when the zip was made without Unix modes)."""
+    return (info.external_attr >> 16) & 0o777 or 0o644
+
+
+class ReproducibleZip:
+    """Writes entries in the order given; the caller sorts them."""
+
+    def __init__(self, out: BinaryIO):
+        self._zip = zipfile.ZipFile(out, "w", allowZip64=True)
+
+    def _info(self, name: str, mode: int, compress_type: int) -> zipfile.ZipInfo:
+        info = zipfile.ZipInfo(name, date_time=EPOCH)
+        info.create_system = 3  # Unix, so the mode below is read back on every OS
+        info.external_attr = (0o100000 | (mode & 0o777)) << 16
+        info.compress_type = compress_type
+        return info
+
+    def write(self, name: str, data: bytes, mode: int = 0o644) -> None:
+        """A new member, deflated at a fixed level."""
+        info = self._info(name, mode, zipfile.ZIP_DEFLATED)
+        self._zip.writestr(info, data, compresslevel=COMPRESS_LEVEL)
+
+    def copy_raw(self, source: zipfile.ZipInfo, raw: bytes, name: str | None = None) -> None:
+        """A member of another zip (renamed to `name` if given), its compressed bytes `raw` kept as they are."""
+        info = self._info(name or source.filename, mode_of(source), source.compress_type)
+        info.CRC, info.compress_size, info.file_size = source.CRC, source.compress_size, source.file_size
+        zip64 = max(info.file_size, info.compress_size) > zipfile.ZIP64_LIMIT
+        archive = self._zip
+        # What ZipFile.writestr does around its compressor, minus the compressor.
+        info.header_offset = archive.fp.tell()
+        archive.fp.write(info.FileHeader(zip64))
+        archive.fp.write(raw)
+        archive.filelist.append(info)
+        archive.NameToInfo[info.filename] = info
+        archive.start_dir = archive.fp.tell()
+
+    def close(self) -> None:
+        self._zip.close()

@@ -1,0 +1,73 @@
+"""`patchkit.json` in a patched wheel's dist-info: the release it came from and the patches it carries.
+
+pip installs the dist-info as it is, so the record lands in site-packages beside vLLM and `patchkit
+status` can name the patches of an installed wheel (the text of the files tells their state; this
+file tells which series and which patch contents were built in, and from which release wheel).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from patchkit.errors import PatchkitError
+from patchkit.patching.patchset import Patch
+
+MANIFEST = "patchkit.json"
+
+
+@dataclass(frozen=True)
+class CarriedPatch:
+    id: str
+    digest: str  # the patch's content hash (Patch.digest)
+    state: str  # its state on the release: not-applied (applied by the build) or applied (assert-only)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class WheelManifest:
+    version: str  # the patched wheel's version
+    series: str  # "full" or the image whose series it is
+    series_hash: str
+    release: dict[str, str]  # filename, sha256, version of the release wheel
+    patches: list[CarriedPatch]
+    skipped: list[CarriedPatch] = field(default_factory=list)  # upstreamed, or for a package not in the wheel
+    files: list[dict[str, str]] = field(default_factory=list)  # path, release sha256, patched sha256
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(asdict(self), indent=1, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> WheelManifest:
+        raw = json.loads(data)
+        raw["patches"] = [CarriedPatch(**p) for p in raw["patches"]]
+        raw["skipped"] = [CarriedPatch(**p) for p in raw.get("skipped", [])]
+        return cls(**raw)
+
+    def describe(self, known: dict[str, Patch]) -> list[str]:
+        """One line for the wheel, one per patch it carries, compared with the patch set at hand."""
+        lines = [f"installed from a patched wheel: vllm {self.version}, series {self.series} "
+                 f"({self.series_hash}), built from {self.release['filename']}"]
+        for patch in self.patches:
+            current = known.get(patch.id)
+            if current is None:
+                against = "not in this patch set"
+            elif current.digest == patch.digest:
+                against = "same content as this patch set"
+            else:
+                against = f"this patch set's {patch.id} has changed since (now {current.digest[:12]})"
+            lines.append(f"  carries {patch.id} {patch.digest[:12]}: {against}")
+        lines += [f"  left out {p.id}: {p.note}" for p in self.skipped]
+        return lines
+
+
+def installed_manifests(site: Path) -> list[tuple[Path, WheelManifest]]:
+    """The patched-wheel records in a site-packages (its `*.dist-info/patchkit.json`)."""
+    found = []
+    for path in sorted(Path(site).glob(f"*.dist-info/{MANIFEST}")):
+        try:
+            found.append((path, WheelManifest.from_bytes(path.read_bytes())))
+        except (OSError, ValueError, TypeError, KeyError) as error:
+            raise PatchkitError(f"{path} is not a readable patched-wheel record ({error})") from None
+    return found

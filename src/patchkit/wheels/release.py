@@ -1,0 +1,65 @@
+"""A release's own binary wheel for one platform, from the package index, downloaded once.
+
+The sources package picks the most portable archive of a version (the sdist) for reading Python files;
+a patched wheel needs the one binary wheel pip would install on the target machine instead, so the
+choice is by platform here, and the download and cache are the sources package's own (sha256 checked
+against the index while streaming, entered into the cache by rename). Each platform gets its own cache
+folder because the cache records one archive per distribution version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from packaging.version import Version
+
+from patchkit.errors import PatchkitError
+from patchkit.sources.cache import SdistCache, default_cache_root
+from patchkit.sources.index import IndexFile, download, project_files
+
+ARCHES = ("aarch64", "x86_64")
+"""Linux machines vLLM publishes wheels for: the Spark (GB10, aarch64) and x86_64 GPU boxes."""
+
+
+def release_wheel(version: str, arch: str, *, dist: str = "vllm", cache_root: Path | None = None,
+                  progress: bool = True) -> Path:
+    """The cached manylinux `arch` wheel of `dist` `version`: no network when it was fetched before."""
+    if arch not in ARCHES:
+        raise PatchkitError(f"unknown platform {arch!r}: patchkit builds wheels for {', '.join(ARCHES)}")
+    cache = SdistCache((cache_root or default_cache_root()) / "wheels" / arch)
+    cached = cache.lookup(dist, version)
+    if cached is not None and _sha256(cached.path) != cached.sha256:  # damaged on disk since its download
+        cache.forget(dist, version, cached.path)
+        cached = None
+    if cached is None:
+        file = choose_wheel(dist, version, arch)
+        with cache.new_archive(dist, version, file.filename, file.url, file.sha256) as out:
+            download(file, out, progress=progress)
+        cached = cache.lookup(dist, version)
+        if cached is None:
+            raise PatchkitError(f"{file.filename} vanished from the cache {cache.downloads} right after its download")
+    return cached.path
+
+
+def _sha256(path: Path) -> str:
+    """The whole file hashed again on every use (0.2 s for vLLM's wheel): the copied members' RECORD
+    hashes are taken from the release's RECORD, which is only as good as the bytes on disk."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def choose_wheel(dist: str, version: str, arch: str) -> IndexFile:
+    """The one manylinux wheel of that version and architecture; refuses yanked files and missing hashes."""
+    page, files = project_files(dist)
+    wanted = Version(version)
+    of_version = [f for f in files if f.version == wanted and f.kind == "wheel" and not f.yanked]
+    matching = [f for f in of_version if any(p.startswith("manylinux") and p.endswith(f"_{arch}") for p in f.platforms)]
+    if len(matching) != 1:
+        listed = ", ".join(sorted(f.filename for f in of_version)) or "none"
+        what = "no" if not matching else "more than one"
+        raise PatchkitError(f"{page} lists {what} manylinux {arch} wheel of {dist} {version} (its wheels: {listed})")
+    chosen = matching[0]
+    if chosen.sha256 is None:
+        raise PatchkitError(f"the index gives no sha256 for {chosen.url}: refusing a wheel that cannot be verified")
+    return chosen

@@ -1,28 +1,36 @@
-"""naming-shim: GLM-5.3 checkpoints' flat tensor names load into vLLM 0.30+ as they are.
+"""naming-shim: the nested checkpoint spelling loads into the flat parameters through the real loader.
 
-The patch is assert-only (its `why` has the finding). This test holds the finding to the real loader:
-one probe per tree builds a real KDA decoder layer with hyper-connections (mhc) and feeds
-`Glm5NextModel.load_weights` the tensors under the names the checkpoints store (flat: `hc_attn_fn`,
-`self_attn.q_conv1d.weight`, `self_attn.f_a_proj.weight`, `self_attn.dt_bias`, ...) and, separately,
-under the nested names of transformers' module tree (`attn_hc.fn`, `self_attn.forget_gate.*`, a
-fused `self_attn.conv1d`). Flat names land bit-exact; each nested name is a KeyError, i.e. only a
-checkpoint written with nested names would need a shim. Stock and patched must agree (the patch
-changes nothing), and the patch must stay in the default series, where it guards these names.
+One probe per tree builds a real KDA decoder layer with hyper-connections (mhc) and feeds vLLM's own
+`Glm5NextModel.load_weights` the same tensors under the two spellings GLM-5.3-Flash exports use: flat
+(`hc_attn_fn`, `self_attn.q_conv1d.weight`, `self_attn.f_a_proj.weight`, `self_attn.dt_bias`, ...) and
+nested (transformers' module tree: `attn_hc.fn`, `self_attn.forget_gate.*`, one fused
+`self_attn.conv1d.weight` [3C, 1, 4]). Each spelling loads into a freshly zeroed copy of the layer's
+parameters, so "bit-exact" means every parameter holds the same bytes after either load.
+
+Stock vLLM: flat names load, every nested name is a KeyError (the lab checkpoint stops at its first
+tensor). Patched: both spellings give identical parameters, the fused conv splits into the three
+taps, and a fused conv that cannot split in three is a ValueError naming the tensor.
+
+Release-agnostic: the loader lives in models/glm5next/nvidia/model.py on 0.30.0 and in
+models/glm5next/common/model.py from 0.31.0; the probe imports it from whichever the installed vLLM has.
 """
 
 from __future__ import annotations
 
 import pytest
-from probes import guard_in_series, plan_on_drifted_upstream, probe_fixtures
+from probes import plan_on_drifted_upstream, probe_fixtures
 from quant_configs import probe_prelude
 
 ENV = {"HF_HUB_OFFLINE": "1"}
 
 PROBE = probe_prelude() + r'''
-import json, tempfile
+import importlib, importlib.util, json, tempfile
 import torch
 from quant_configs import *
-from vllm.models.glm5next.common.model import Glm5NextModel
+
+# 0.30.0 keeps the GLM-5.3 model under glm5next/nvidia/, 0.31+ under glm5next/common/
+layout = "common" if importlib.util.find_spec("vllm.models.glm5next.common") else "nvidia"
+Glm5NextModel = importlib.import_module(f"vllm.models.glm5next.{layout}.model").Glm5NextModel
 
 env = Glm5NextOnCpu(tempfile.mkdtemp())
 env.checkpoint(None, text_config={"mhc": True})  # BF16 checkpoint with hyper-connections
@@ -41,78 +49,115 @@ g = torch.Generator().manual_seed(0)
 def tensor(shape, dtype):
     return torch.randn(*shape, generator=g).to(dtype)
 
-def try_load(name, value):
+def load(pairs):
+    """Zero every parameter, load `pairs` through the real loader: (status, loaded names, state)."""
+    with torch.no_grad():
+        for p in params.values():
+            p.zero_()
     try:
-        loaded = Glm5NextModel.load_weights(model, iter([(name, value)]))
-        return "ok", sorted(loaded)
-    except KeyError as e:
-        return f"KeyError: {e}", []
+        loaded = sorted(Glm5NextModel.load_weights(model, iter(pairs)))
+    except (KeyError, ValueError) as e:
+        return f"{type(e).__name__}: {e}", [], None
+    return "ok", loaded, {n: p.detach().clone() for n, p in params.items()}
 
 proj, head_dim, heads = 256, 128, 2
-# checkpoint name -> (parameter, stored shape, stored dtype, rows of the parameter it fills)
-FLAT = {
-    "layers.0.hc_attn_fn": ("layers.0.hc_attn_fn", params["layers.0.hc_attn_fn"].shape, torch.float32, None),
-    "layers.0.hc_attn_base": ("layers.0.hc_attn_base", (24,), torch.float32, None),
-    "layers.0.hc_attn_scale": ("layers.0.hc_attn_scale", (3,), torch.float32, None),
-    "layers.0.hc_ffn_fn": ("layers.0.hc_ffn_fn", params["layers.0.hc_ffn_fn"].shape, torch.float32, None),
-    "layers.0.hc_ffn_base": ("layers.0.hc_ffn_base", (24,), torch.float32, None),
-    "layers.0.hc_ffn_scale": ("layers.0.hc_ffn_scale", (3,), torch.float32, None),
-    "layers.0.self_attn.q_conv1d.weight": ("layers.0.self_attn.q_conv1d.weight", (proj, 1, 4), torch.float32, None),
-    "layers.0.self_attn.k_conv1d.weight": ("layers.0.self_attn.k_conv1d.weight", (proj, 1, 4), torch.float32, None),
-    "layers.0.self_attn.v_conv1d.weight": ("layers.0.self_attn.v_conv1d.weight", (proj, 1, 4), torch.float32, None),
-    "layers.0.self_attn.f_a_proj.weight": ("layers.0.self_attn.in_proj_qkvbfg_a.weight", (head_dim, 256), torch.bfloat16,
-                                           (3 * proj + heads, 3 * proj + heads + head_dim)),
-    "layers.0.self_attn.f_b_proj.weight": ("layers.0.self_attn.f_b_proj.weight", (proj, head_dim), torch.bfloat16, None),
-    "layers.0.self_attn.dt_bias": ("layers.0.self_attn.dt_bias", (proj,), torch.float32, None),
-    "layers.0.self_attn.A_log": ("layers.0.self_attn.A_log", (heads,), torch.float32, None),
+hc = params["layers.0.hc_attn_fn"].shape
+# flat name -> (nested name, stored shape, stored dtype)
+PAIRS = {
+    "layers.0.hc_attn_fn": ("layers.0.attn_hc.fn", hc, torch.float32),
+    "layers.0.hc_attn_base": ("layers.0.attn_hc.base", (24,), torch.float32),
+    "layers.0.hc_attn_scale": ("layers.0.attn_hc.scale", (3,), torch.float32),
+    "layers.0.hc_ffn_fn": ("layers.0.ffn_hc.fn", params["layers.0.hc_ffn_fn"].shape, torch.float32),
+    "layers.0.hc_ffn_base": ("layers.0.ffn_hc.base", (24,), torch.float32),
+    "layers.0.hc_ffn_scale": ("layers.0.ffn_hc.scale", (3,), torch.float32),
+    "layers.0.self_attn.f_a_proj.weight": ("layers.0.self_attn.forget_gate.f_a_proj.weight", (head_dim, 256), torch.bfloat16),
+    "layers.0.self_attn.f_b_proj.weight": ("layers.0.self_attn.forget_gate.f_b_proj.weight", (proj, head_dim), torch.bfloat16),
+    "layers.0.self_attn.dt_bias": ("layers.0.self_attn.forget_gate.dt_bias", (proj,), torch.float32),
+    "layers.0.self_attn.A_log": ("layers.0.self_attn.forget_gate.A_log", (heads,), torch.float32),
 }
-flat = {}
-for name, (param, shape, dtype, rows) in FLAT.items():
-    value = tensor(shape, dtype)
-    status, loaded = try_load(name, value)
-    held = params[param].data if rows is None else params[param].data[rows[0]:rows[1]]
-    flat[name] = [status, loaded, status == "ok" and torch.equal(held.reshape(-1), value.to(held.dtype).reshape(-1))]
+values = {flat: tensor(shape, dtype) for flat, (_, shape, dtype) in PAIRS.items()}
+taps = {c: tensor((proj, 1, 4), torch.float32) for c in "qkv"}
+fused = torch.cat([taps["q"], taps["k"], taps["v"]], dim=0)  # [3C, 1, 4], q|k|v as the export stores it
 
-NESTED = {
-    "layers.0.attn_hc.fn": params["layers.0.hc_attn_fn"].shape,
-    "layers.0.ffn_hc.scale": (3,),
-    "layers.0.self_attn.forget_gate.f_b_proj.weight": (proj, head_dim),
-    "layers.0.self_attn.forget_gate.A_log": (heads,),
-    "layers.0.self_attn.conv1d.weight": (3 * proj, 1, 4),
-}
-nested = {name: try_load(name, tensor(shape, torch.float32))[0] for name, shape in NESTED.items()}
-print(json.dumps({"flat": flat, "nested": nested}))
+flat_pairs = list(values.items()) + [(f"layers.0.self_attn.{c}_conv1d.weight", t) for c, t in taps.items()]
+nested_pairs = [(PAIRS[f][0], v) for f, v in values.items()] + [("layers.0.self_attn.conv1d.weight", fused)]
+
+flat_status, flat_loaded, flat_state = load(flat_pairs)
+nested_status, nested_loaded, nested_state = load(nested_pairs)
+same = None
+if flat_state is not None and nested_state is not None:
+    same = {n: torch.equal(flat_state[n], nested_state[n]) for n in flat_state}
+# the flat load itself is exact: each stored value sits in its parameter (f_a_proj as shard 4 rows)
+exact = {}
+if flat_state is not None:
+    for flat, v in values.items():
+        if flat.endswith("f_a_proj.weight"):
+            held = flat_state["layers.0.self_attn.in_proj_qkvbfg_a.weight"][3 * proj + heads : 3 * proj + heads + head_dim]
+        else:
+            held = flat_state[flat]
+        exact[flat] = torch.equal(held.reshape(-1), v.to(held.dtype).reshape(-1))
+    for c, t in taps.items():
+        exact[f"{c}_conv1d"] = torch.equal(flat_state[f"layers.0.self_attn.{c}_conv1d.weight"], t)
+
+one_by_one = {name: load([(name, v)])[0] for name, v in nested_pairs}
+bad_fused = load([("layers.0.self_attn.conv1d.weight", tensor((3 * proj + 1, 1, 4), torch.float32))])[0]
+print(json.dumps({
+    "layout": layout,
+    "flat": [flat_status, flat_loaded], "nested": [nested_status, nested_loaded],
+    "same": same, "exact": exact, "one_by_one": one_by_one, "bad_fused": bad_fused,
+}))
 '''
 
 
 stock, patched = probe_fixtures(PROBE, ENV)
+NESTED = ["layers.0.attn_hc.fn", "layers.0.attn_hc.base", "layers.0.attn_hc.scale", "layers.0.ffn_hc.fn",
+          "layers.0.ffn_hc.base", "layers.0.ffn_hc.scale", "layers.0.self_attn.forget_gate.f_a_proj.weight",
+          "layers.0.self_attn.forget_gate.f_b_proj.weight", "layers.0.self_attn.forget_gate.dt_bias",
+          "layers.0.self_attn.forget_gate.A_log", "layers.0.self_attn.conv1d.weight"]
 
 
 @pytest.mark.vllm
-def test_flat_checkpoint_names_load_into_their_parameters(stock):
-    for name, (status, loaded, exact) in stock["flat"].items():
-        assert status == "ok", name
-        assert exact, f"{name}: stored values did not land bit-exact"
+def test_flat_names_load_exactly_on_stock_and_patched(stock, patched):
+    for tree in (stock, patched):
+        assert tree["flat"][0] == "ok"
+        assert tree["exact"] and all(tree["exact"].values()), tree["exact"]
     # f_a_proj is a shard of the fused KDA projection, not a parameter of its own
-    assert stock["flat"]["layers.0.self_attn.f_a_proj.weight"][1] == ["layers.0.self_attn.in_proj_qkvbfg_a.weight"]
+    assert "layers.0.self_attn.in_proj_qkvbfg_a.weight" in stock["flat"][1]
+    assert stock["flat"] == patched["flat"]
 
 
 @pytest.mark.vllm
-def test_nested_module_tree_names_have_no_parameter(stock):
-    assert stock["nested"] == {name: f"KeyError: '{name}'" for name in stock["nested"]}
+def test_stock_loader_refuses_every_nested_name(stock):
+    assert sorted(stock["one_by_one"]) == sorted(NESTED)
+    for name, status in stock["one_by_one"].items():
+        # the missing key is the nested name itself, or (forget_gate.f_a_proj, which the stacked mapping
+        # rewrites first) its fused-shard rewrite under the nested module path: no parameter either way
+        assert status in (f"KeyError: '{name}'",
+                          f"KeyError: '{name.replace('.f_a_proj.', '.in_proj_qkvbfg_a.')}'"), status
+    assert stock["nested"][0].startswith("KeyError")
 
 
 @pytest.mark.vllm
-def test_the_assert_only_patch_changes_nothing(stock, patched):
-    assert stock == patched
-
-
-def test_naming_shim_guards_the_default_series(patched_vllm):
-    guard_in_series("naming-shim", patched_vllm.root)
+def test_patched_loader_loads_the_nested_spelling_bit_exact(patched):
+    assert patched["nested"][0] == "ok", patched["nested"][0]
+    # the same parameters are reported loaded as for the flat spelling: the fused conv as its three taps
+    assert patched["nested"][1] == patched["flat"][1]
+    assert {"layers.0.self_attn.q_conv1d.weight", "layers.0.self_attn.k_conv1d.weight",
+            "layers.0.self_attn.v_conv1d.weight"} <= set(patched["nested"][1])
+    # every parameter holds the same bytes after either load (q/k/v thirds of the fused conv included)
+    assert patched["same"] and all(patched["same"].values()), [n for n, ok in patched["same"].items() if not ok]
+    assert all(status == "ok" for status in patched["one_by_one"].values()), patched["one_by_one"]
 
 
 @pytest.mark.vllm
-def test_an_upstream_rename_of_a_checkpoint_name_fails_loudly(tmp_path):
+def test_a_fused_conv_that_cannot_split_in_three_is_named(stock, patched):
+    assert stock["bad_fused"] == "KeyError: 'layers.0.self_attn.conv1d.weight'"
+    assert patched["bad_fused"].startswith("ValueError: naming-shim: layers.0.self_attn.conv1d.weight has shape (769, 1, 4)")
+
+
+@pytest.mark.vllm
+def test_an_upstream_rename_of_a_flat_parameter_fails_loudly(tmp_path):
+    """The renames land in the flat parameters; the patch asserts they still exist."""
     result = plan_on_drifted_upstream("naming-shim", "self.hc_attn_fn = nn.Parameter(",
                                       "self.attn_hc_fn = nn.Parameter(", tmp_path)
     assert result.state == "broken"

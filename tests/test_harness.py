@@ -21,11 +21,10 @@ from patchkit.variants.smoke.hardware import (
     PROBE_PROMPT,
     chat,
     corruption_probe,
-    judge_boot,
-    parse_boot_log,
     run_smoke,
     wait_healthy,
 )
+from patchkit.variants.smoke.judge import judge_log
 
 LOGS = Path(__file__).parent / "data" / "boot-logs"
 IMAGES = Path(__file__).resolve().parents[1] / "images"
@@ -39,23 +38,31 @@ def fails(findings) -> list[str]:
     return [f"{f.what}: {f.detail}" for f in findings if f.level == "fail"]
 
 
-# ------------------------------------------------------------ log parsing and decisions
+def judged(name: str, variant: str | None, quantprobe: bool | None = None):
+    return judge_log(log(name), find_variant(variant, IMAGES) if variant else None, quantprobe)
 
 
-def test_good_lab_boot_markers():
-    m = parse_boot_log(log("lab-good.log"))
+# ------------------------------------------------------------ log parsing and decisions (hand-written logs)
+
+
+def test_good_lab_boot_on_the_day0_base_with_the_v2_runner():
+    v = judged("lab-good.log", "lab", quantprobe=True)
+    m = v.markers
     assert ProbeRow("RoutedExperts", "model.layers.45.mlp.experts", "MXFP8") in m.quantprobe
-    assert (m.weights_gib, m.weights_load_s) == (92.19, 700.214)  # the coloured line parses too
-    assert m.kv_cache_tokens == 1_164_369
-    assert m.startup_complete and m.mtp_speculator and m.mean_acceptance_length == 3.12
-    assert m.fatal == [] and m.exceptions == []
-    assert fails(judge_boot(m, find_variant("lab", IMAGES))) == []
+    # the base's wording, in a coloured line
+    assert (m.weights_gib, m.weights_load_s, m.weights_line) == (92.19, 700.214, "weights-day0")
+    assert m.kv_cache_tokens == 1_164_369 and m.startup_complete and m.v2_runner
+    # no V1 "Detected MTP model"/"Loading drafter model" lines: the speculator is read from what V2 prints
+    assert (m.spec_method, m.draft_architecture, m.spec_tokens) == ("mtp", "Glm5NextMTPModel", 3)
+    assert m.mean_acceptance_length == 3.12
+    assert v.causes == [] and v.ok, fails(v.findings)
+    assert [f.detail for f in v.findings if f.what == "acceptance"] == ["mean acceptance length 3.12 over 1 intervals"]
 
 
 def test_algo_none_fails_even_though_the_server_came_up():
-    m = parse_boot_log(log("lab-algo-none.log"))
-    assert m.startup_complete
-    assert fails(judge_boot(m, find_variant("lab", IMAGES))) == [
+    v = judged("lab-algo-none.log", "lab", quantprobe=True)
+    assert v.markers.startup_complete
+    assert fails(v.findings) == [
         (
             "quantprobe: model.layers.45.mlp.experts: RoutedExperts algo=None, expected RoutedExperts algo=MXFP8 "
             "(broken load: the layer got no quantized method)"
@@ -63,40 +70,86 @@ def test_algo_none_fails_even_though_the_server_came_up():
     ]
 
 
-def test_engine_death_names_the_cause():
-    m = parse_boot_log(log("4p67-engine-dies.log"))
-    assert not m.startup_complete and m.kv_cache_tokens is None
-    problems = fails(judge_boot(m, find_variant("4p67", IMAGES)))
-    assert problems[0] == (
-        "engine: the engine died: KeyError: 'language_model.model.layers.0.self_attn.in_proj_qkvbfg_a.weight_scale' "
-        "(then RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): "
-        "{'EngineCore_DP0': 1})"
-    )
+def test_engine_death_names_the_cause_and_the_line():
+    v = judged("4p67-engine-dies.log", "4p67", quantprobe=True)
+    assert not v.markers.startup_complete and v.markers.kv_cache_tokens is None
+    assert v.cause.cause == "missing-weight-scale"
+    assert "KeyError: 'language_model.model.layers.0.self_attn.in_proj_qkvbfg_a.weight_scale'" in v.cause.line
+    problems = fails(v.findings)
+    assert problems[0].startswith("engine: missing-weight-scale: a quantized tensor's scale has no parameter")
+    assert f"(line {v.cause.line_no}: {v.cause.line})" in problems[0]
     assert any("in_proj_qkvbfg_a: LinearBase algo=None, expected LinearBase algo=MXFP8" in p for p in problems)
     assert "startup: no 'Application startup complete' in the log" in problems
-    assert any(p.startswith("kv cache:") for p in problems)
 
 
-def test_oom_boot_fails():
-    m = parse_boot_log(log("nvidia-fastsafetensors-oom.log"))
-    assert any("NV_ERR_NO_MEMORY" in line for line in m.fatal)
-    assert fails(judge_boot(m, find_variant("nvidia-nvfp4", IMAGES)))
+def test_fastsafetensors_oom_is_named():
+    v = judged("nvidia-fastsafetensors-oom.log", "nvidia-nvfp4")
+    assert v.cause.cause == "nv-err-no-memory" and "NV_ERR_NO_MEMORY" in v.cause.line
+    assert "--load-format safetensors" in v.cause.fix and not v.ok
 
 
-def test_redhat_boot_passes_with_unconfirmed_probe_rows():
-    m = parse_boot_log(log("redhat-good.log"))
-    findings = judge_boot(m, find_variant("redhat", IMAGES))
-    assert fails(findings) == []
-    assert [f.level for f in findings if f.what == "quantprobe"] == ["warn"] * 3
-    assert not m.mtp_speculator
+def test_redhat_boot_without_quantprobe_says_the_layers_were_not_checked():
+    v = judged("redhat-good.log", "redhat", quantprobe=False)
+    assert fails(v.findings) == []
+    assert [(f.level, f.detail) for f in v.findings if f.what == "quantprobe"] == [
+        ("warn", "the image does not carry the quantprobe patch: the 3 per-layer algorithms were not checked from the log")
+    ]
+    assert v.markers.spec_method == "none"
+    assert ("ok", "no speculator, as the variant expects") in [(f.level, f.detail) for f in v.findings if f.what == "speculative"]
 
 
-def test_speculator_must_match_the_variant():
-    m = parse_boot_log(log("lab-good.log"))
-    # The lab boot attaches an MTP speculator; the redhat variant has none.
-    assert "mtp: an MTP speculator attached to a variant without one" in fails(judge_boot(m, find_variant("redhat", IMAGES)))
-    m.mtp_speculator = False
-    assert "mtp: expected the MTP speculator, none attached" in fails(judge_boot(m, find_variant("lab", IMAGES)))
+def test_an_image_with_quantprobe_must_print_it():
+    v = judged("redhat-good.log", "redhat", quantprobe=True)
+    assert any(p.startswith("quantprobe: the image carries the quantprobe patch but printed no") for p in fails(v.findings))
+
+
+def test_speculator_method_must_match_the_variant():
+    text = log("lab-good.log")
+    # The lab boot attaches MTP; the redhat variant has none.
+    redhat = judge_log(text, find_variant("redhat", IMAGES), True)
+    assert "speculative: mtp (Glm5NextMTPModel) attached; the variant expects none" in fails(redhat.findings)
+    # A DFlash drafter is not MTP, although "a speculator attached".
+    dflash = text.replace("method='mtp'", "method='dflash'").replace("Glm5NextMTPModel", "DFlashDraftModel")
+    v = judge_log(dflash, find_variant("lab", IMAGES), True)
+    assert "speculative: dflash (DFlashDraftModel) attached; the variant expects mtp" in fails(v.findings)
+    # The banner says no speculation at all on a complete boot: MTP is missing.
+    none = text.replace("speculative_config=SpeculativeConfig(method='mtp', model='local-inference-lab/GLM-5.3-Flash-NVFP4', num_spec_tokens=3)",
+                        "speculative_config=None").replace("Resolved architecture: Glm5NextMTPModel", "Resolved architecture: X")
+    v = judge_log(none.replace("Resolved architecture: X\n", ""), find_variant("lab", IMAGES), True)
+    assert any(p.startswith("speculative: none attached; the variant expects mtp") for p in fails(v.findings))
+
+
+def test_acceptance_outside_the_reference_band_and_a_broken_drafter():
+    text = log("lab-good.log")
+    low = judge_log(text.replace("Mean acceptance length: 3.12", "Mean acceptance length: 2.10"), find_variant("lab", IMAGES), True)
+    assert low.ok and ("warn", "mean acceptance length 2.10 over 1 intervals; the reference boot gave 2.9-3.5") in [
+        (f.level, f.detail) for f in low.findings if f.what == "acceptance"]
+    broken = judge_log(text.replace("Mean acceptance length: 3.12", "Mean acceptance length: 1.00"), find_variant("lab", IMAGES), True)
+    assert "acceptance: mean acceptance length 1.00: the target rejects the drafts (a broken drafter)" in fails(broken.findings)
+
+
+# ------------------------------------------------------------ real public logs (tests/data/README.md)
+
+
+def test_real_kv_budget_failure_is_named_with_its_line():
+    v = judged("public/tenhkspark-stock-k5-boot-failure.log", None)
+    assert [c.cause for c in v.causes] == ["kv-budget"]
+    assert v.cause.line_no == 1 and "(0.92 GiB KV cache is needed" in v.cause.line
+    assert "--kv-cache-memory-bytes" in v.cause.fix and not v.ok
+
+
+def test_real_free_memory_death_through_ansi_colours():
+    v = judged("public/vllm-33297-free-memory.log", None)
+    assert v.cause.cause == "startup-free-memory"
+    assert "\x1b" not in v.cause.line and v.cause.line.endswith("reduce GPU memory used by other processes.")
+    assert "0.82" in v.cause.fix
+
+
+def test_real_mtp_engine_log_gives_the_acceptance_per_interval():
+    m = judged("public/tenhkspark-route-h-mtp2-engine.log", None).markers
+    assert m.acceptance_lengths == [2.33, 2.67, 2.38, 3.0, 2.89, 2.58, 3.0, 2.95, 2.95, 2.96]
+    assert m.mean_acceptance_length == 2.96 and m.spec_evidence  # a speculator is running
+    assert m.spec_method == "unknown"  # the excerpt starts after the banner: the method is not shown
 
 
 # ------------------------------------------------------------ a real HTTP server
@@ -225,7 +278,7 @@ def test_full_smoke_passes_and_writes_a_receipt(tmp_path):
     head, worker = RecordedRunner("ssh://ops@spark1", "lab-good.log"), RecordedRunner("ssh://ops@spark2", "lab-good.log")
     with Endpoint(unhealthy=2) as ep:
         receipt = run_smoke(variant, serve_command(variant), "glm53-flash-nvfp4-lab:local", [head, worker], ep.url,
-                            health_interval_s=0.01, probe_runs=2)
+                            health_interval_s=0.01, probe_runs=2, quantprobe=True)
     assert receipt.ok, receipt.findings
     argv_head, argv_worker = head.started[0][1], worker.started[0][1]
     assert argv_head[-6:] == ("--nnodes", "2", "--node-rank", "0", "--master-addr", "spark1")
@@ -235,7 +288,8 @@ def test_full_smoke_passes_and_writes_a_receipt(tmp_path):
     receipt.write(path)
     data = json.loads(path.read_text())
     assert data["variant"] == "lab" and data["hardware"] is True
-    assert data["markers"]["kv_cache_tokens"] == 1_164_369
+    assert data["verdict"]["markers"]["kv_cache_tokens"] == 1_164_369 and data["cause"] is None
+    assert data["verdict"]["speculative"]["method"] == "mtp" and data["attempts"] == 1
     assert data["probe"]["ok"] and data["chat"]["ok"]
     assert set(data["image_digests"]) == {"ssh://ops@spark1", "ssh://ops@spark2"}
     assert data["timings"]["health_attempts"] == 3
@@ -247,6 +301,7 @@ def test_smoke_fails_on_a_dead_engine_without_chatting():
     with Endpoint(unhealthy=10**9) as ep:
         receipt = run_smoke(variant, serve_command(variant), "img", [head], ep.url, health_interval_s=0.01)
     assert not receipt.ok and receipt.chat is None and ep.requests == []
+    assert receipt.cause["cause"] == "missing-weight-scale" and "in_proj_qkvbfg_a.weight_scale" in receipt.cause["line"]
     assert any(f["what"] == "health" and "container exited" in f["detail"] for f in receipt.findings)
 
 
@@ -254,3 +309,27 @@ def test_incomplete_command_is_refused():
     variant = find_variant("nvidia-nvfp4", IMAGES)
     with pytest.raises(PatchkitError, match="incomplete"):
         run_smoke(variant, serve_command(variant), "img", [RecordedRunner("h", "lab-good.log")], "http://127.0.0.1:9")
+
+
+class RacingRunner(RecordedRunner):
+    """The launcher's occupancy race: the first start finds one node; after a stop the boot is good."""
+
+    def __init__(self, host: str):
+        super().__init__(host, "lab-good.log")
+        self.good = self.text
+
+    def start(self, image, argv, env, name):
+        super().start(image, argv, env, name)
+        self.text = "serve failed: cluster has only 1 nodes\n" if len(self.started) == 1 else self.good
+        self.alive = len(self.started) > 1
+
+
+def test_the_occupancy_race_is_retried_once_after_its_delay():
+    variant = find_variant("lab", IMAGES)
+    head, slept = RacingRunner("ssh://ops@spark1"), []
+    with Endpoint(unhealthy=1) as ep:
+        receipt = run_smoke(variant, serve_command(variant), "img", [head], ep.url, health_interval_s=0.01,
+                            probe_runs=1, sleep=slept.append, quantprobe=True)
+    assert receipt.ok and receipt.attempts == 2 and slept[0] == 10.0
+    assert [s[3] for s in head.started] == ["patchkit-smoke-lab-0", "patchkit-smoke-lab-retry-0"]
+    assert head.started[0][2]["PATCHKIT_QUANTPROBE"] == "1"

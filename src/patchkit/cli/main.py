@@ -347,8 +347,10 @@ def _smoke_hosts(variants, hosts, image, checkpoint, hf_cache, url, receipt, kee
     command = serve_args(variant, checkpoint, pin_config, pin_index, None)
     runners = [DockerRunner(h, hf_cache) for h in hosts]
     head = hosts[0].split("://")[-1].split("@")[-1].split(":")[0]
+    from patchkit.cli.doctor import image_carries_quantprobe
+
     result = run_smoke(variant, command, image, runners, url or f"http://{head}:{variant.serve.port}",
-                       keep=keep, master_addr=master_addr)
+                       keep=keep, master_addr=master_addr, quantprobe=image_carries_quantprobe(variant.image))
     if receipt:
         result.write(receipt)
     click.echo(result.to_json()) if as_json else console.print(result)
@@ -374,3 +376,6 @@ from patchkit.cli.verify import verify_command  # noqa: E402
 
 main.add_command(verify_command)
 
+from patchkit.cli.doctor import doctor  # noqa: E402
+
+main.add_command(doctor)

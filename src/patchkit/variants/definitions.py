@@ -150,6 +150,8 @@ class Expect:
     weights_gib_per_rank: float | None
     mtp_speculator: bool
     boot_timeout_s: int  # how long the harness waits for /health before calling the boot failed
+    # The mean SpecDecoding acceptance length the reference boots measured (low, high); None = no record.
+    accept_length: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -396,6 +398,15 @@ def _check_json_args(args: tuple[str, ...], where: str) -> None:
                 raise PatchkitError(f"{where}: value of {flag} is not JSON ({exc}): {value!r}") from None
 
 
+def _accept_length(t: _Table) -> tuple[float, float] | None:
+    band = t._get("accept_length", list, False)
+    if band is None:
+        return None
+    if len(band) != 2 or not all(isinstance(x, (int, float)) for x in band) or not 1 <= band[0] <= band[1]:
+        raise PatchkitError(f"{t.where}: accept_length must be [low, high] with 1 <= low <= high: {band!r}")
+    return float(band[0]), float(band[1])
+
+
 def _expect(t: _Table) -> Expect:
     rows = []
     raw = t._get("quantprobe", list, True)
@@ -419,6 +430,7 @@ def _expect(t: _Table) -> Expect:
         weights_gib_per_rank=t.float("weights_gib_per_rank", required=False),
         mtp_speculator=t.bool("mtp_speculator"),
         boot_timeout_s=t.int("boot_timeout_s"),
+        accept_length=_accept_length(t),
     )
     t.done()
     if expect.boot_timeout_s <= 0:

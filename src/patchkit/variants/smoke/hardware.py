@@ -4,7 +4,9 @@ Starts the variant's serve command in the image on each host through the Docker 
 `ssh://user@host` reaches a host's own daemon), polls `/health` (not `/v1/models`, which answers 200
 while the engine is dead), reads the boot markers from the head's log, sends a chat completion with
 `chat_template_kwargs: {"reasoning_effort": "low"}` and `max_tokens` >= 256, runs a corruption probe
-(U+FFFD in the output of a Hangul/CJK prompt), and writes a JSON receipt.
+(U+FFFD in the output of a Hangul/CJK prompt), lets vLLM log its SpecDecoding acceptance, judges the
+head's log (smoke/judge.py: markers from smoke/markers.py, fatal causes from smoke/causes.py) and
+writes a JSON receipt naming the cause of a failed boot with the line that showed it.
 
 NOT RUN ON HARDWARE HERE: these machines have no GPU and no Docker engine. The log parsing, the
 decisions, the HTTP exchanges and the receipt are tested on CPU with recorded boot logs and a real
@@ -14,7 +16,6 @@ HTTP server on 127.0.0.1; `DockerRunner` itself has not started a container.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -26,122 +27,18 @@ import requests
 
 from patchkit import __version__
 from patchkit.errors import PatchkitError
-from patchkit.variants.definitions import ProbeRow, Variant
+from patchkit.variants.definitions import Variant
 from patchkit.variants.serve import ServeCommand
+from patchkit.variants.smoke.causes import find_causes
+from patchkit.variants.smoke.judge import Finding, judge_log
+
+QUANTPROBE_PATCH = "quantprobe"  # the opt-in patch printing [quantprobe] lines when PATCHKIT_QUANTPROBE=1
 
 MIN_MAX_TOKENS = 256  # seed 001: max_tokens 48 can end in content null, finish "length"
 CHAT_PROMPT = "Reply with one short sentence: what is 17 times 3?"
 # Hangul and CJK: a broken byte-level detokenizer or a corrupt expert shows up as U+FFFD here first.
 PROBE_PROMPT = "다음 문장을 한국어와 중국어로 각각 한 번씩 번역하세요: 'The river is quiet tonight.' 请只输出两句译文。"
 REPLACEMENT = "\ufffd"
-
-# ---------------------------------------------------------------- boot log
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_QUANTPROBE = re.compile(r"\[quantprobe\] layer=(\S+) prefix=(\S+) algo=(\S+)")
-_MODEL_LOADING = re.compile(r"Model loading took ([\d.]+) GiB memory and ([\d.]+) seconds")
-_WEIGHTS_TOOK = re.compile(r"Loading weights took ([\d.]+) seconds")
-_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-_ACCEPTANCE = re.compile(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+)")
-_MTP = re.compile(r"Detected MTP model|Loading drafter model")
-_FATAL = re.compile(
-    r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start|EngineDeadError"
-    r"|CUDA out of memory|NV_ERR_NO_MEMORY|Traceback \(most recent call last\)"
-)
-# "KeyError: ..." after any log prefix (vLLM's logger.exception prefixes every traceback line).
-_EXCEPTION = re.compile(r"(?:^|[\s\])])([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$")
-
-
-@dataclass
-class BootMarkers:
-    quantprobe: list[ProbeRow] = field(default_factory=list)
-    weights_gib: float | None = None
-    weights_load_s: float | None = None
-    kv_cache_tokens: int | None = None
-    startup_complete: bool = False
-    mtp_speculator: bool = False
-    mean_acceptance_length: float | None = None
-    fatal: list[str] = field(default_factory=list)  # the lines that say the engine died
-    exceptions: list[str] = field(default_factory=list)  # "KeyError: ..." lines, for the receipt
-
-
-def parse_boot_log(text: str) -> BootMarkers:
-    """Every marker the smoke decides on, from a vLLM 0.33 serve log (ANSI colours stripped)."""
-    m = BootMarkers()
-    for raw in text.splitlines():
-        line = _ANSI.sub("", raw)
-        if hit := _QUANTPROBE.search(line):
-            m.quantprobe.append(ProbeRow(*hit.groups()))
-        if hit := _MODEL_LOADING.search(line):
-            m.weights_gib, m.weights_load_s = float(hit.group(1)), float(hit.group(2))
-        elif (hit := _WEIGHTS_TOOK.search(line)) and m.weights_load_s is None:
-            m.weights_load_s = float(hit.group(1))
-        if hit := _KV_TOKENS.search(line):
-            m.kv_cache_tokens = int(hit.group(1).replace(",", ""))
-        if "Application startup complete" in line:
-            m.startup_complete = True
-        if _MTP.search(line):
-            m.mtp_speculator = True
-        if hit := _ACCEPTANCE.search(line):
-            m.mtp_speculator = True
-            m.mean_acceptance_length = float(hit.group(1))
-        if _FATAL.search(line):
-            m.fatal.append(line.strip())
-        if hit := _EXCEPTION.search(line):
-            m.exceptions.append(f"{hit.group(1)}: {hit.group(2)}".strip())
-    return m
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: str  # fail | warn | ok
-    what: str
-    detail: str
-
-
-def judge_boot(markers: BootMarkers, variant: Variant) -> list[Finding]:
-    """Decide from the markers what the boot proves; any `fail` finding fails the smoke."""
-    out: list[Finding] = []
-    exp = variant.expect
-    if markers.fatal:
-        # The first exception is the root cause; the last one is usually the engine's own summary.
-        ex = markers.exceptions
-        cause = (ex[0] + (f" (then {ex[-1]})" if len(ex) > 1 else "")) if ex else markers.fatal[-1]
-        out.append(Finding("fail", "engine", f"the engine died: {cause}"))
-    out.append(
-        Finding("ok", "startup", "Application startup complete")
-        if markers.startup_complete
-        else Finding("fail", "startup", "no 'Application startup complete' in the log")
-    )
-    seen = {row.prefix: row for row in markers.quantprobe}
-    for row in exp.quantprobe:
-        got = seen.get(row.prefix)
-        if got is None:
-            out.append(Finding("warn", "quantprobe", f"{row.prefix}: no quantprobe line (does the image print them?)"))
-        elif (got.layer, got.algo) != (row.layer, row.algo):
-            broken = " (broken load: the layer got no quantized method)" if got.algo == "None" else ""
-            out.append(Finding("fail", "quantprobe", f"{row.prefix}: {got.layer} algo={got.algo}, expected {row.layer} algo={row.algo}{broken}"))
-        else:
-            out.append(Finding("ok", "quantprobe", f"{row.prefix}: algo={got.algo}"))
-    if markers.kv_cache_tokens is None:
-        out.append(Finding("fail", "kv cache", "no 'GPU KV cache size' line: the engine never sized its KV pool"))
-    elif exp.kv_cache_tokens is not None and markers.kv_cache_tokens != exp.kv_cache_tokens:
-        out.append(Finding("warn", "kv cache", f"{markers.kv_cache_tokens:,} tokens; the pinned pool gave {exp.kv_cache_tokens:,} on the reference boot"))
-    else:
-        out.append(Finding("ok", "kv cache", f"{markers.kv_cache_tokens:,} tokens"))
-    if markers.weights_gib is None:
-        out.append(Finding("warn", "weights", "no 'Model loading took' line"))
-    elif exp.weights_gib_per_rank and abs(markers.weights_gib - exp.weights_gib_per_rank) > 0.05 * exp.weights_gib_per_rank:
-        out.append(Finding("warn", "weights", f"{markers.weights_gib} GiB per rank; {exp.weights_gib_per_rank} GiB expected"))
-    else:
-        out.append(Finding("ok", "weights", f"{markers.weights_gib} GiB in {markers.weights_load_s} s"))
-    if exp.mtp_speculator != markers.mtp_speculator:
-        want = "expected the MTP speculator, none attached" if exp.mtp_speculator else "an MTP speculator attached to a variant without one"
-        out.append(Finding("fail", "mtp", want))
-    elif exp.mtp_speculator:
-        out.append(Finding("ok", "mtp", "MTP speculator attached"))
-    return out
-
 
 # ---------------------------------------------------------------- HTTP
 
@@ -304,11 +201,13 @@ class Receipt:
     argv: list[str]
     started_at: str
     timings: dict
-    markers: dict
+    cause: dict | None  # the fatal cause with the line that showed it (None: the engine did not die)
+    verdict: dict  # the judgement of the head's log (markers, causes, speculative decoding)
     findings: list[dict]
     chat: dict | None
     probe: dict | None
     ok: bool
+    attempts: int = 1
     hardware: bool = True
     patchkit: str = __version__
 
@@ -319,6 +218,7 @@ class Receipt:
         path.write_text(self.to_json() + "\n", encoding="utf-8")
 
     def __rich__(self):
+        from rich.markup import escape
         from rich.table import Table
 
         table = Table(title=f"smoke {self.variant}: {'PASSED' if self.ok else 'FAILED'}")
@@ -326,8 +226,14 @@ class Receipt:
             table.add_column(col)
         colour = {"fail": "red", "warn": "yellow", "ok": "green"}
         for f in self.findings:
-            table.add_row(f"[{colour[f['level']]}]{f['level']}[/]", f["what"], f["detail"])
+            table.add_row(f"[{colour[f['level']]}]{f['level']}[/]", f["what"], escape(f["detail"]))
         return table
+
+
+def _start(runners: list[Runner], image: str, command: ServeCommand, env: dict[str, str], name: str, master: str) -> None:
+    nnodes = len(runners)
+    for rank, runner in sorted(enumerate(runners), key=lambda r: -r[0]):  # workers first, head last
+        runner.start(image, command.for_node(rank, nnodes, master), env, f"{name}-{rank}")
 
 
 def run_smoke(
@@ -340,40 +246,59 @@ def run_smoke(
     probe_runs: int = 3,
     keep: bool = False,
     master_addr: str | None = None,
+    quantprobe: bool | None = None,
+    metrics_wait_s: float = 15.0,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Receipt:
-    """Boot, judge the log, exercise the endpoint, stop, and return the receipt (ok or not)."""
+    """Boot, exercise the endpoint, judge the head's log, stop, and return the receipt (ok or not).
+
+    `quantprobe`: the image carries the quantprobe patch (then PATCHKIT_QUANTPROBE=1 is set and its lines
+    are required). A boot that dies of a transient cause (the launcher's occupancy race) is retried once."""
     if not command.complete:
         raise PatchkitError(f"the serve command for {variant.name} is incomplete: {'; '.join(command.pending)}")
     if not runners:
         raise PatchkitError("no host to run on")
     started = datetime.now(UTC).isoformat(timespec="seconds")
-    head, nnodes = runners[0], len(runners)
+    head = runners[0]
     # The head's address for the other nodes' NCCL rendezvous: its hostname unless given.
     master = master_addr or head.host.split("://")[-1].split("@")[-1].split(":")[0]
+    env = {**command.env, **({"PATCHKIT_QUANTPROBE": "1"} if quantprobe else {})}
+    name = f"patchkit-smoke-{variant.name}"
     t0 = time.monotonic()
-    for rank, runner in sorted(enumerate(runners), key=lambda r: -r[0]):  # workers first, head last
-        runner.start(image, command.for_node(rank, nnodes, master), command.env, f"patchkit-smoke-{variant.name}-{rank}")
+    attempts = 1
+    reply = probe = None
     try:
-        health = wait_healthy(
-            base_url,
-            variant.expect.boot_timeout_s,
-            health_interval_s,
-            alive=lambda: all(r.running() for r in runners) and not parse_boot_log(head.logs()).fatal,
-        )
-        markers = parse_boot_log(head.logs())
-        findings = judge_boot(markers, variant)
+        _start(runners, image, command, env, name, master)
+        while True:
+            health = wait_healthy(
+                base_url, variant.expect.boot_timeout_s, health_interval_s,
+                alive=lambda: all(r.running() for r in runners) and not find_causes(head.logs()),
+            )
+            causes = [] if health.ok else find_causes(head.logs())
+            retry = causes[0].retry_after_s if causes else None
+            if retry is None or attempts > 1:
+                break
+            for runner in runners:  # the transient cause: stop, wait for the nodes to be released, once more
+                runner.stop()
+            sleep(retry)
+            attempts += 1
+            _start(runners, image, command, env, f"{name}-retry", master)
+        extra: list[Finding] = []
         if not health.ok:
-            findings.append(Finding("fail", "health", f"/health never answered 200: {health.last}"))
-        reply = probe = None
-        if health.ok:
+            extra.append(Finding("fail", "health", f"/health never answered 200: {health.last}"))
+        else:
             reply = chat(base_url, variant.serve.served_model_name, CHAT_PROMPT)
-            findings.append(Finding("ok" if reply["ok"] else "fail", "chat", reply.get("error") or f"{reply['finish_reason']} in {reply['seconds']:.1f} s"))
+            extra.append(Finding("ok" if reply["ok"] else "fail", "chat", reply.get("error") or f"{reply['finish_reason']} in {reply['seconds']:.1f} s"))
             probe = corruption_probe(base_url, variant.serve.served_model_name, probe_runs)
-            findings.append(Finding("ok" if probe["ok"] else "fail", "corruption probe", f"U+FFFD per run {probe['replacement_chars']} {probe['errors'] or ''}".strip()))
+            extra.append(Finding("ok" if probe["ok"] else "fail", "corruption probe", f"U+FFFD per run {probe['replacement_chars']} {probe['errors'] or ''}".strip()))
+            if variant.serve.speculative and "SpecDecoding metrics" not in head.logs():
+                sleep(metrics_wait_s)  # vLLM logs the acceptance once per logging interval, after traffic
+        verdict = judge_log(head.logs(), variant, quantprobe)
     finally:
         if not keep:
             for runner in runners:
                 runner.stop()
+    findings = verdict.findings + extra
     return Receipt(
         variant=variant.name,
         image=image,
@@ -382,10 +307,13 @@ def run_smoke(
         argv=list(command.argv),
         started_at=started,
         timings={"boot_to_health_s": health.seconds, "health_attempts": health.attempts, "total_s": time.monotonic() - t0,
-                 "weights_load_s": markers.weights_load_s, "chat_s": reply and reply["seconds"]},
-        markers=asdict(markers),
+                 "weights_load_s": verdict.markers.weights_load_s, "chat_s": reply and reply["seconds"]},
+        cause=verdict.cause.to_dict() if verdict.cause else None,
+        verdict=verdict.to_dict(),
         findings=[asdict(f) for f in findings],
         chat=reply,
         probe=probe,
         ok=not any(f.level == "fail" for f in findings),
+        attempts=attempts,
     )
+

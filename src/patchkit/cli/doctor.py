@@ -1,0 +1,86 @@
+"""`patchkit doctor LOG [--variant V] [--json]`: judge a recorded boot log offline.
+
+The same judgement the live smoke makes (variants/smoke/judge.py): the fatal cause with the line that
+showed it and its fix, the weight and KV markers in every format the base and the releases print, the
+speculator that attached and its acceptance, and, with --variant, the variant's expectations.
+Exit 0 when the log shows a good boot, 1 when it does not, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from patchkit.cli.common import console, default_dir, json_option
+from patchkit.errors import PatchkitError
+
+QUANTPROBE_PATCH = "quantprobe"
+
+
+def image_carries_quantprobe(image_name: str) -> bool:
+    """Does the image definition's series include the opt-in quantprobe patch?"""
+    from patchkit.images.definitions import load_image
+    from patchkit.patching.patchset import load_patchset
+
+    patchset = load_patchset(default_dir("patches", "PATCHKIT_PATCHES"))
+    if QUANTPROBE_PATCH not in {p.id for p in patchset.series()}:
+        return False
+    return QUANTPROBE_PATCH in load_image(default_dir("images", "PATCHKIT_IMAGES"), image_name, patchset).series
+
+
+def _read(log: str) -> str:
+    if log == "-":
+        return sys.stdin.read()
+    try:
+        return Path(log).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise PatchkitError(f"cannot read the log {log}: {exc.strerror or exc}") from None
+
+
+def _render(verdict, variant_name: str | None) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    title = f"doctor{f' ({variant_name})' if variant_name else ''}: {'GOOD BOOT' if verdict.ok else 'FAILED BOOT'}"
+    table = Table(title=title, title_justify="left")
+    for col in ("level", "what", "detail"):
+        table.add_column(col)
+    colour = {"fail": "red", "warn": "yellow", "ok": "green"}
+    for f in verdict.findings:
+        table.add_row(f"[{colour[f.level]}]{f.level}[/]", f.what, escape(f.detail))
+    console.print(table)
+    if verdict.cause:
+        c = verdict.cause
+        console.print(f"[bold]cause[/]: {c.cause}: {escape(c.what)}\n[bold]line {c.line_no}[/]: {escape(c.line)}\n"
+                      f"[bold]fix[/]: {escape(c.fix)}")
+        if c.retry_after_s:
+            console.print(f"transient: retry once after ~{c.retry_after_s:.0f} s")
+    for other in verdict.causes[1:]:
+        console.print(f"[dim]also seen: {other.cause} (line {other.line_no})[/]")
+
+
+@click.command("doctor")
+@click.argument("log")
+@click.option("--variant", help="Judge against this variant's expectations (quantprobe, speculator, KV pool, weights).")
+@click.option("--quantprobe/--no-quantprobe", default=None,
+              help="Whether the image carries the quantprobe patch (default: from the variant's image series).")
+@click.option("--booted/--cut-short", default=True, show_default=True,
+              help="--cut-short judges a log that ends before startup on purpose (no startup/KV failures).")
+@json_option
+def doctor(log, variant, quantprobe, booted, as_json):
+    """Why did this boot fail (or did it)? Judge a recorded vLLM boot log (LOG, or - for stdin)."""
+    from patchkit.variants.definitions import find_variant
+    from patchkit.variants.smoke.judge import judge_log
+
+    chosen = find_variant(variant, default_dir("images", "PATCHKIT_IMAGES")) if variant else None
+    if chosen is not None and quantprobe is None:
+        quantprobe = image_carries_quantprobe(chosen.image)
+    verdict = judge_log(_read(log), chosen, quantprobe, booted=booted)
+    if as_json:
+        click.echo(json.dumps({"log": log, "variant": chosen.name if chosen else None, **verdict.to_dict()}, indent=2))
+    else:
+        _render(verdict, chosen.name if chosen else None)
+    sys.exit(0 if verdict.ok else 1)

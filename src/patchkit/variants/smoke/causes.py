@@ -1,0 +1,128 @@
+"""Why a GLM-5.3-Flash boot died: the failure classes seen in the field, each with its fix.
+
+Each cause is recognised by a line the failing boot prints. Where vLLM prints that line, its format
+string is an anchor (`literal` + `files`, asserted against the released sources by
+tests/test_markers.py); the others come from the driver, PyTorch or the launcher, and name the public
+record (docs/field-records.md). The first cause found in a log is the verdict's cause; the receipt
+carries it with the line that showed it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from patchkit.variants.smoke.markers import RELEASES
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass(frozen=True)
+class Cause:
+    name: str
+    pattern: re.Pattern[str]
+    sample: str  # a line that shows it, from a public log or record (tests/data/README.md names each)
+    what: str  # the cause, in one sentence
+    fix: str  # what the owner does about it
+    literal: str = ""  # vLLM's format string, when vLLM prints the line
+    files: tuple[str, ...] = ()  # candidate files holding `literal` across the supported releases
+    record: str = ""  # where a line vLLM does not print is documented
+    retry_after_s: float | None = None  # a transient: the smoke may retry once after this long
+
+
+def _c(name, pattern, sample, what, fix, literal="", files=(), record="", retry_after_s=None):
+    return Cause(name, re.compile(pattern), sample, what, fix, literal, tuple(files), record, retry_after_s)
+
+
+# Order matters: a specific root cause wins over the generic engine-death lines that follow it.
+CAUSES: tuple[Cause, ...] = (
+    _c("cluster-occupied", r"cluster has only 1 nodes",
+       "serve failed: cluster has only 1 nodes",
+       "the launcher found only one free node: the previous serve's nodes were not released yet (occupancy race)",
+       "wait ~10 s and start again (the smoke retries once)",
+       record="launcher occupancy race after a stop (docs/field-records.md)", retry_after_s=10.0),
+    _c("startup-free-memory", r"Free memory on device .* on startup is less than desired GPU memory utilization",
+       "ValueError: Free memory on device cuda:0 (1.54/22.05 GiB) on startup is less than desired GPU memory utilization (0.9, 19.84 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+       "free unified memory at startup was below --gpu-memory-utilization x total (page cache, a previous "
+       "engine, the driver reserve): the ~54-second boot death",
+       "drop the page cache and stop other engines, or lower --gpu-memory-utilization (the recipes use 0.82: "
+       "the KV pool is pinned by --kv-cache-memory-bytes, so GMU is only this startup check)",
+       literal="is less than desired GPU memory utilization ", files=["vllm/v1/worker/utils.py"]),
+    _c("kv-budget", r"To serve at least one request with the model's max seq len",
+       "ValueError: To serve at least one request with the model's max seq len (16384), (0.92 GiB KV cache is needed, which is larger than the available KV cache memory (0.89 GiB).",
+       "the KV cache left after weights, graphs and activations cannot hold one max-length request",
+       "pin the pool with --kv-cache-memory-bytes, lower --max-model-len, or capture fewer CUDA-graph sizes",
+       literal="To serve at least one request with the model's max seq len ",
+       files=["vllm/v1/core/kv_cache_utils.py", "vllm/v1/core/kv_cache_planning.py"]),
+    _c("nv-err-no-memory", r"NV_ERR_NO_MEMORY",
+       "NVRM: ... Out of memory [NV_ERR_NO_MEMORY] ... _memdescAllocInternal",
+       "the GB10 driver could not allocate unified memory (fastsafetensors staging of ~6.2 GB shards, or "
+       "page cache filling memory during the load)",
+       "load with --load-format safetensors and drop the page cache before the boot",
+       record="driver (NVRM) message; nvidia checkpoint under fastsafetensors (docs/field-records.md)"),
+    _c("cuda-oom", r"CUDA out of memory|OutOfMemoryError",
+       "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+       "PyTorch ran out of device memory",
+       "lower --max-num-batched-tokens (1024 on the lab quant) or the pinned KV pool; keep --language-model-only",
+       record="PyTorch's allocator message"),
+    _c("missing-weight-scale", r"KeyError: .*weight_scale",
+       "KeyError: model.layers.45.mtp_block.mlp.experts.routed_experts.w2_weight_scale",
+       "a quantized tensor's scale has no parameter to load into: a fused module without its packed-modules "
+       "mapping, or a draft (MTP) layer resolved to no quantized method",
+       "use the image that carries the variant's patches (packed-modules-4p67, modelopt-mtp-namespace) and "
+       "check `patchkit preflight` on the checkpoint",
+       record="Python KeyError from the weight loader (docs/field-records.md)"),
+    _c("worker-died", r"Worker proc \S+ died unexpectedly",
+       "Worker proc VllmWorker-0 died unexpectedly (exit code: None)",
+       "a worker process died without a Python traceback (on GB10 usually the CUDA context killed by an "
+       "unified-memory allocation failure during warmup)",
+       "read the kernel log (journalctl -k) for NVRM errors; lower --max-num-batched-tokens or the KV pin, "
+       "keep --language-model-only",
+       literal="Worker proc %s died unexpectedly (exit code: %s), ", files=["vllm/v1/executor/multiproc_executor.py"]),
+    _c("engine-failed", r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start",
+       "(EngineCore_DP0 pid=212) ERROR 08-28 14:14:30 [core.py:1584] EngineCore failed to start.",
+       "the engine core failed to start (the lines above it hold the root cause)",
+       "read the first exception above this line",
+       literal="EngineCore failed to start.", files=["vllm/v1/engine/core.py"]),
+)
+CAUSE = {c.name: c for c in CAUSES}
+
+# "KeyError: ..." after any log prefix (vLLM's logger.exception prefixes every traceback line).
+_EXCEPTION = re.compile(r"(?:^|[\s\])])([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$")
+
+
+@dataclass(frozen=True)
+class Found:
+    cause: str
+    line: str  # the log line that showed it, ANSI colours stripped
+    line_no: int  # 1-based
+    what: str
+    fix: str
+    retry_after_s: float | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def find_causes(text: str) -> list[Found]:
+    """Every cause the log shows, first occurrence of each, ordered by the table (specific first)."""
+    first: dict[str, tuple[int, str]] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = _ANSI.sub("", raw).strip()
+        for cause in CAUSES:
+            if cause.name not in first and cause.pattern.search(line):
+                first[cause.name] = (n, line)
+    return [Found(c.name, first[c.name][1], first[c.name][0], c.what, c.fix, c.retry_after_s)
+            for c in CAUSES if c.name in first]
+
+
+def exceptions(text: str) -> list[str]:
+    """The `SomeError: message` lines, deduplicated in order (the first is usually the root cause)."""
+    seen: dict[str, None] = {}
+    for raw in text.splitlines():
+        if hit := _EXCEPTION.search(_ANSI.sub("", raw)):
+            seen.setdefault(f"{hit.group(1)}: {hit.group(2)}".strip())
+    return list(seen)
+
+
+__all__ = ["CAUSES", "CAUSE", "Cause", "Found", "RELEASES", "exceptions", "find_causes"]

@@ -1,0 +1,168 @@
+"""The boot-log lines the smoke harness reads, each one an anchor like a patch anchor.
+
+Every marker names the literal format string vLLM logs it with and the released sources (0.30.0-0.33.0
+sdists) that carry that literal: `tests/test_markers.py` greps each release's real files for it, so an
+upstream rewording fails a test here, not a Spark boot. Markers that only the day-0 base build prints
+(it predates 0.30.0 and its files cannot be fetched) or that come from outside vLLM (uvicorn, the
+quantprobe patch) name the public record instead.
+
+`parse_boot_log` reads every format the base and the supported releases print.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from patchkit.variants.definitions import ProbeRow
+
+RELEASES = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
+
+
+@dataclass(frozen=True)
+class Marker:
+    name: str
+    pattern: re.Pattern[str]  # how the harness reads the line (after ANSI colours are stripped)
+    literal: str  # the format string as it stands in the source that logs it
+    files: tuple[str, ...]  # where that source lives (vllm/... for vLLM, else the package or patch)
+    releases: tuple[str, ...]  # the supported releases whose sources carry `literal`
+    sample: str  # one line as printed, from a real public log where one exists (tests parse it)
+    record: str = ""  # where a marker no release carries is documented
+
+
+def _m(name, pattern, literal, files, sample, releases=RELEASES, record=""):
+    return Marker(name, re.compile(pattern), literal, tuple(files), tuple(releases), sample, record)
+
+
+MARKERS: tuple[Marker, ...] = (
+    _m("weights", r"Model loading took ([\d.]+) GiB memory and ([\d.]+) seconds",
+       "Model loading took %s GiB memory and %.6f seconds",
+       ["vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py"],
+       "(Worker_TP0 pid=245) INFO 08-28 14:14:27 [gpu_model_runner.py:5089] Model loading took 92.19 GiB memory and 700.214000 seconds"),
+    # The day-0 base (0.1.dev20051+g487ecf187) still prints the older wording; no supported release does.
+    _m("weights-day0", r"Model loading took ([\d.]+) GiB and ([\d.]+) seconds",
+       "Model loading took %.4f GiB and %.6f seconds", ["vllm/v1/worker/gpu_model_runner.py"],
+       "(EngineCore_DP0 pid=1980) INFO 11-01 17:36:47 [gpu_model_runner.py:2653] Model loading took 5.2076 GiB and 5.149193 seconds",
+       releases=(), record="day-0 base boots (docs/field-records.md: `Model loading took 90.36 GiB and 740.581376 seconds`); "
+       "gpustack/gpustack#3098 shows the same wording from an older vLLM"),
+    _m("weights-load-time", r"Loading weights took ([\d.]+) seconds", "Loading weights took %.2f seconds",
+       ["vllm/model_executor/model_loader/default_loader.py"],
+       "(Worker_TP0 pid=245) INFO 08-28 14:14:15 [default_loader.py:507] Loading weights took 688.41 seconds"),
+    _m("kv-cache", r"GPU KV cache size: ([\d,]+) tokens", "%s KV cache size: %s tokens, ",
+       ["vllm/v1/core/kv_cache_utils.py"],
+       "(EngineCore pid=1892) INFO 09-01 04:35:41 [kv_cache_utils.py:2570] GPU KV cache size: 1,942,028 tokens, Maximum concurrency for 1,000,000 tokens per request: 1.94x"),
+    _m("v2-runner", r"Using V2 Model Runner", "Using V2 Model Runner", ["vllm/v1/worker/gpu_worker.py"],
+       "gpu_worker.py:500  Using V2 Model Runner"),
+    _m("architecture", r"Resolved architecture: (\w+)", "Resolved architecture: %s", ["vllm/config/model.py"],
+       "(APIServer pid=1) INFO [model.py:679] Resolved architecture: Glm5NextMTPModel"),
+    # The engine banner carries SpeculativeConfig.__repr__: f"SpeculativeConfig({method=}, {model=}, {num_spec_tokens=})".
+    _m("engine-config", r"Initializing a V1 LLM engine \(v([^)]*)\) with config: ", "Initializing a V1 LLM engine (v%s) with config: %s",
+       ["vllm/v1/engine/core.py"],
+       "(EngineCore_DP0 pid=212) INFO 08-28 14:02:31 [core.py:140] Initializing a V1 LLM engine (v0.33.0) with config: model='m', speculative_config=SpeculativeConfig(method='mtp', model='m', num_spec_tokens=3), tokenizer='m'"),
+    _m("speculative-config", r"SpeculativeConfig\(method='(\w+)', model=(?:'([^']*)'|None), num_spec_tokens=(\d+)\)",
+       'f"SpeculativeConfig({method=}, {model=}, {num_spec_tokens=})"', ["vllm/config/speculative.py"],
+       "speculative_config=SpeculativeConfig(method='mtp', model='/data/cache/model_scope/ZhipuAI/GLM-5-FP8', num_spec_tokens=3)"),
+    _m("speculative-none", r"speculative_config=None", "speculative_config={self.speculative_config!r}, ",
+       ["vllm/config/vllm.py"], "tensor_parallel_size=2, speculative_config=None, tokenizer='m'"),
+    # V1 model runner only: the V2 runner (the default since 0.29) prints neither line.
+    _m("mtp-v1", r"Detected MTP model", "Detected MTP model. ", ["vllm/v1/spec_decode/llm_base_proposer.py"],
+       "(Worker_TP0 pid=245) INFO 08-28 14:14:26 [llm_base_proposer.py:1505] Detected MTP model. Sharing target model embedding weights with the draft model."),
+    _m("drafter-v1", r"Loading drafter model", "Loading drafter model...", ["vllm/v1/worker/gpu_model_runner.py"],
+       "(EngineCore pid=7476) INFO 07-25 13:42:16 [gpu_model_runner.py:5233] Loading drafter model..."),
+    _m("spec-metrics", r"SpecDecoding metrics: Mean acceptance length: ([\d.]+)", "SpecDecoding metrics: ",
+       ["vllm/v1/spec_decode/metrics.py"],
+       "(APIServer pid=1) INFO 09-18 09:28:16 [metrics.py:120] SpecDecoding metrics: Mean acceptance length: 2.33, Accepted throughput: 0.13 tokens/s, Drafted throughput: 0.20 tokens/s, Accepted: 4 tokens, Drafted: 6 tokens, Per-position acceptance rate: 0.667, 0.667, Avg Draft acceptance rate: 66.7%"),
+    _m("startup", r"Application startup complete", "Application startup complete.", ["uvicorn/lifespan/on.py"],
+       "(APIServer pid=1) INFO:     Application startup complete.", releases=(), record="uvicorn, vLLM's ASGI server"),
+    # Printed only by images that carry the opt-in `quantprobe` patch (PATCHKIT_QUANTPROBE=1).
+    _m("quantprobe", r"\[quantprobe\] layer=(\S+) prefix=(\S+) algo=(\S+)", "[quantprobe] layer=%s prefix=%s algo=%s",
+       ["patches/quantprobe"],
+       "[quantprobe] layer=RoutedExperts prefix=model.layers.45.mlp.experts algo=MXFP8", releases=(),
+       record="the quantprobe patch; public lab READMEs quote this exact line"),
+)
+MARKER = {m.name: m for m in MARKERS}
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# Draft architectures by the method that loads them (vllm/model_executor/models/registry.py names).
+_DRAFT_ARCH = (("dflash", re.compile(r"DFlash", re.I)), ("eagle", re.compile(r"Eagle", re.I)), ("mtp", re.compile(r"MTP")))
+SPEC_METHODS = ("mtp", "dflash", "eagle", "ngram", "none")
+
+
+@dataclass
+class BootMarkers:
+    quantprobe: list[ProbeRow] = field(default_factory=list)
+    weights_gib: float | None = None
+    weights_load_s: float | None = None
+    weights_line: str = ""  # which wording it was printed in: "weights" or "weights-day0"
+    kv_cache_tokens: int | None = None
+    startup_complete: bool = False
+    v2_runner: bool = False
+    architectures: list[str] = field(default_factory=list)  # every "Resolved architecture", target first
+    spec_configured: str | None = None  # SpeculativeConfig(method=...) from the engine banner
+    spec_tokens: int | None = None
+    spec_evidence: list[str] = field(default_factory=list)  # the lines that show a drafter attached
+    acceptance_lengths: list[float] = field(default_factory=list)  # each SpecDecoding metrics line
+    lines: int = 0
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """The last interval's mean acceptance length (vLLM logs one per logging interval)."""
+        return self.acceptance_lengths[-1] if self.acceptance_lengths else None
+
+    @property
+    def draft_architecture(self) -> str | None:
+        return self.architectures[1] if len(self.architectures) > 1 else None
+
+    @property
+    def spec_method(self) -> str:
+        """Which speculator attached: mtp | dflash | eagle | ngram | none (from what vLLM printed)."""
+        if self.spec_configured:
+            return self.spec_configured
+        draft = self.draft_architecture or ""
+        for method, pattern in _DRAFT_ARCH:
+            if pattern.search(draft):
+                return method
+        if any("Detected MTP model" in line for line in self.spec_evidence):
+            return "mtp"
+        return "unknown" if self.spec_evidence else "none"
+
+
+def _spec_method(name: str) -> str:
+    # vLLM normalises the per-model MTP methods (deepseek_mtp, glm4_moe_mtp, ...) to "mtp"; the banner
+    # may still carry them on older builds.
+    return "mtp" if name.endswith("mtp") else "dflash" if name.startswith("dflash") else name
+
+
+def parse_boot_log(text: str) -> BootMarkers:
+    """Every marker the smoke decides on, in every format the base and the supported releases print."""
+    m = BootMarkers()
+    for raw in text.splitlines():
+        m.lines += 1
+        line = _ANSI.sub("", raw)
+        if hit := MARKER["quantprobe"].pattern.search(line):
+            m.quantprobe.append(ProbeRow(*hit.groups()))
+        for name in ("weights", "weights-day0"):
+            if hit := MARKER[name].pattern.search(line):
+                m.weights_gib, m.weights_load_s, m.weights_line = float(hit.group(1)), float(hit.group(2)), name
+        if (hit := MARKER["weights-load-time"].pattern.search(line)) and m.weights_load_s is None:
+            m.weights_load_s = float(hit.group(1))
+        if hit := MARKER["kv-cache"].pattern.search(line):
+            m.kv_cache_tokens = int(hit.group(1).replace(",", ""))
+        if MARKER["startup"].pattern.search(line):
+            m.startup_complete = True
+        if MARKER["v2-runner"].pattern.search(line):
+            m.v2_runner = True
+        if hit := MARKER["architecture"].pattern.search(line):
+            m.architectures.append(hit.group(1))
+            if len(m.architectures) > 1:
+                m.spec_evidence.append(line.strip())
+        if MARKER["speculative-none"].pattern.search(line):
+            m.spec_configured = "none"
+        if hit := MARKER["speculative-config"].pattern.search(line):
+            m.spec_configured, m.spec_tokens = _spec_method(hit.group(1)), int(hit.group(3))
+        if MARKER["mtp-v1"].pattern.search(line) or MARKER["drafter-v1"].pattern.search(line):
+            m.spec_evidence.append(line.strip())
+        if hit := MARKER["spec-metrics"].pattern.search(line):
+            m.acceptance_lengths.append(float(hit.group(1)))
+            m.spec_evidence.append(line.strip())
+    return m

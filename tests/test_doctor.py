@@ -1,0 +1,67 @@
+"""`patchkit doctor`: the real command on real public logs (and the hand-written lab boots), exit codes and JSON."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+LOGS = Path(__file__).parent / "data" / "boot-logs"
+
+
+def doctor(*args, stdin: str | None = None):
+    return subprocess.run([sys.executable, "-m", "patchkit", "doctor", *map(str, args)], capture_output=True,
+                          text=True, input=stdin, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("log", "cause", "line_no", "fix"),
+    [
+        ("public/tenhkspark-stock-k5-boot-failure.log", "kv-budget", 1, "--kv-cache-memory-bytes"),
+        ("public/vllm-33297-free-memory.log", "startup-free-memory", 1, "--gpu-memory-utilization"),
+        ("4p67-engine-dies.log", "missing-weight-scale", 15, "packed-modules-4p67"),
+        ("nvidia-fastsafetensors-oom.log", "nv-err-no-memory", None, "--load-format safetensors"),
+    ],
+)
+def test_doctor_names_the_cause_of_each_failure_log(log, cause, line_no, fix):
+    run = doctor(LOGS / log, "--json")
+    assert run.returncode == 1, run.stderr
+    data = json.loads(run.stdout)
+    assert data["ok"] is False and data["cause"]["cause"] == cause
+    assert fix in data["cause"]["fix"]
+    text = (LOGS / log).read_text().splitlines()
+    got = data["cause"]["line_no"]
+    assert line_no in (None, got)
+    assert data["cause"]["line"] == re.sub(r"\x1b\[[0-9;]*m", "", text[got - 1]).strip()
+    human = doctor(LOGS / log)
+    assert human.returncode == 1 and f"cause: {cause}" in human.stdout and f"line {got}:" in human.stdout
+
+
+def test_doctor_passes_a_good_boot_against_its_variant_and_reads_stdin():
+    good = doctor("-", "--variant", "lab", "--json", stdin=(LOGS / "lab-good.log").read_text())
+    assert good.returncode == 0, good.stdout + good.stderr
+    data = json.loads(good.stdout)
+    assert data["variant"] == "lab" and data["cause"] is None
+    assert data["speculative"] == {"method": "mtp", "draft_architecture": "Glm5NextMTPModel", "num_spec_tokens": 3,
+                                   "acceptance_lengths": [3.12]}
+    # Against the variant without a speculator the same log fails, naming what attached.
+    redhat = json.loads(doctor(LOGS / "lab-good.log", "--variant", "redhat", "--json").stdout)
+    assert "mtp (Glm5NextMTPModel) attached; the variant expects none" in [f["detail"] for f in redhat["findings"]]
+
+
+def test_doctor_reports_the_acceptance_of_a_real_mtp_log_cut_short():
+    run = doctor(LOGS / "public/tenhkspark-route-h-mtp2-engine.log", "--cut-short", "--json")
+    data = json.loads(run.stdout)
+    assert run.returncode == 0 and data["cause"] is None
+    assert data["speculative"]["acceptance_lengths"][-1] == 2.96
+
+
+def test_doctor_bad_input_exits_2():
+    run = doctor(LOGS / "no-such.log")
+    assert run.returncode == 2 and "cannot read the log" in run.stderr and "Traceback" not in run.stderr
+    unknown = doctor(LOGS / "lab-good.log", "--variant", "no-such-variant")
+    assert unknown.returncode == 2 and "Traceback" not in unknown.stderr

@@ -175,7 +175,12 @@ def direct_hook():
 
 def pad_helper():
     """The patched row padding on a 0-d scale, a row scale, codes, and an already-padded tensor."""
-    from vllm.models.glm5next.common import attention
+    import importlib
+    import vllm.models.glm5next as glm
+
+    # 0.30 keeps GLM's layer in models/glm5next/nvidia/, 0.31+ in common/: read the installed layout.
+    layout = "common" if os.path.exists(os.path.join(glm.__path__[0], "common", "attention.py")) else "nvidia"
+    attention = importlib.import_module(f"vllm.models.glm5next.{layout}.attention")
 
     pad_rows = getattr(attention, "_zero_pad_rows", None)
     if pad_rows is None:
@@ -305,3 +310,156 @@ def test_hook_only_pads_sparse_nope_configs(stock, patched):
     hook = patched["direct_hook"]
     assert hook["sparse"] == 64 and hook["dense"] == 0
     assert hook["preset"].startswith("ValueError") and "qk_rope_head_dim" in hook["preset"]
+
+
+# ---- FlashInfer 0.6.x: the (heads, 2176) decode allowlist and the 2176 -> 2048 top-k fit ----
+# Run on the real flashinfer-python 0.6.18.post1 sdist (vLLM 0.30.0's pin and the pinned base's):
+# its mla/_sparse_mla_sm120.py, stock and as this patch leaves it, executed on CPU. Importing the
+# package would build its CUDA JIT modules, so the module's top-level definitions run from its own
+# text (ast); nothing is re-implemented. The tables come from vLLM's own pool expansion
+# (expand_pools_to_tokens + append_tail_to_topk, the torch twins of the Triton kernel GLM decodes with).
+import ast
+import functools
+import os
+import random
+
+FLASHINFER_06 = "0.6.18.post1"
+GLM_HEADS = (8, 16, 32, 64)  # GLM-5.3-Flash's 64 heads at TP 8, 4, 2, 1
+INDEX_TOPK, KPOOL = 2048, 4  # GLM-5.3-Flash's index_topk and index_kpool
+WIDTH = -(-(INDEX_TOPK + KPOOL - 1) // 128) * 128  # the SM120 top-k buffer: round_up(2051, 128)
+
+
+def _run_definitions(text: str, names: set[str], namespace: dict) -> dict:
+    """Execute the top-level assignments and functions of `text` that bind `names`, in file order."""
+    for node in ast.parse(text).body:
+        bound = {t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)}
+        if isinstance(node, (ast.FunctionDef, ast.AnnAssign)):
+            bound = {node.name} if isinstance(node, ast.FunctionDef) else {node.target.id}
+        if bound & names:
+            exec(compile(ast.Module([node], []), "<flashinfer>", "exec"), namespace)
+    return namespace
+
+
+@functools.cache
+def _flashinfer_06_texts() -> tuple[str, str]:
+    """mla/_sparse_mla_sm120.py of FlashInfer 0.6.18.post1, stock and with this patch applied."""
+    from patchkit.patching.patchset import load_patchset
+    from patchkit.patching.planner import plan
+    from patchkit.sources.cache import SdistCache
+    from patchkit.sources.release import open_release
+
+    source = open_release("flashinfer-python", FLASHINFER_06, cache=SdistCache(), progress=False)
+    path = "mla/_sparse_mla_sm120.py"
+    if "nope-mla-pad" in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(","):  # nox -s patch-necessity
+        stock = source.read("flashinfer", path).decode()
+        return stock, stock
+    result = plan([load_patchset(REPO_PATCHES).patch("nope-mla-pad")], source)
+    result.raise_for_errors()
+    change = next(c for c in result.changes if (c.package, c.path) == ("flashinfer", path))
+    return source.read("flashinfer", path).decode(), change.new.decode()
+
+
+def _flashinfer_module(text: str) -> dict:
+    import torch
+    from typing import Optional
+
+    names = {"_DECODE_MAX_TOKENS", "_DECODE_DSV3_2_DISPATCH", "_DECODE_DSV3_2_PAGE_BLOCK_SIZE",
+             "_decode_dsv3_2_dispatchable", "_PATCHKIT_GLM_TOPK_WIDTH", "_PATCHKIT_V32_KERNEL_TOPK",
+             "_patchkit_fit_topk_width"}
+    return _run_definitions(text, names, {"torch": torch, "Optional": Optional})
+
+
+def _kpool_tables(seq_lens: list[int], generator) -> "torch.Tensor":
+    """GLM decode top-k tables as vLLM builds them: pools chosen, expanded, tail appended, buffer -1."""
+    import torch
+    import vllm.models.glm5next as glm
+
+    text = open(f"{glm.__path__[0]}/nvidia/ops/kpool_compress.py", encoding="utf-8").read()
+    ops = _run_definitions(text, {"history_group_budget_for_topk", "expand_pools_to_tokens",
+                                  "append_tail_to_topk"}, {"torch": torch})
+    pools = INDEX_TOPK // KPOOL
+    ids, valid = [], []
+    for n in seq_lens:  # the top-k kernel's choice among the row's complete pools, -1 past them
+        chosen = torch.randperm(max(n // KPOOL, 1), generator=generator)[:pools]
+        row = torch.full((pools,), -1, dtype=torch.int32)
+        row[: min(pools, n // KPOOL)] = chosen[: min(pools, n // KPOOL)].to(torch.int32)
+        ids.append(row)
+        valid.append(row >= 0)
+    history = ops["expand_pools_to_tokens"](torch.stack(ids), torch.stack(valid), INDEX_TOPK, KPOOL)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    table = ops["append_tail_to_topk"](history, lens, lens // KPOOL, KPOOL)
+    buffer = torch.full((len(seq_lens), WIDTH), -1, dtype=torch.int32)
+    buffer[:, : table.shape[1]] = table
+    return buffer
+
+
+REPO_PATCHES = __import__("pathlib").Path(__file__).resolve().parents[2] / "patches"
+
+
+@pytest.mark.network
+def test_flashinfer_06_decode_takes_the_padded_width():
+    """Stock 0.6.18.post1 has no decode kernel for (heads, 2176) (it raises "no decode kernel for this
+    shape"); patched, every GLM head count routes to the V32/GLM_NSA decode at that width."""
+    stock_text, patched_text = _flashinfer_06_texts()
+    stock, patched = _flashinfer_module(stock_text), _flashinfer_module(patched_text)
+    assert WIDTH == 2176
+    for heads in GLM_HEADS:
+        for module, expected in ((stock, False), (patched, True)):
+            assert module["_decode_dsv3_2_dispatchable"](1, heads, WIDTH, 576, 64) is expected, heads
+        assert patched["_decode_dsv3_2_dispatchable"](1, heads, 2048, 576, 64)
+    assert not patched["_decode_dsv3_2_dispatchable"](65, 64, WIDTH, 576, 64)  # prefill stays prefill
+
+
+@pytest.mark.network
+def test_flashinfer_06_fit_keeps_ranked_entries_tail_and_padding():
+    """The fit to the 2048-wide kernel: valid entries keep their order, the -1 padding stays -1 at the
+    end, the always-selected tail is kept, and only a full history row with a tail loses entries."""
+    import torch
+
+    fit = _flashinfer_module(_flashinfer_06_texts()[1])["_patchkit_fit_topk_width"]
+    gen = torch.Generator().manual_seed(0)
+    seq_lens = [1, 3, 4, 5, 2047, 2048, 2049, 2050, 2051, 9000, 9001, 9003, 123457]
+    tables = _kpool_tables(seq_lens, gen)
+    fitted, lengths = fit(tables, None, INDEX_TOPK)
+    assert fitted.shape == (len(seq_lens), INDEX_TOPK) and lengths is None
+    for n, row, out in zip(seq_lens, tables.tolist(), fitted.tolist()):
+        entries = [i for i in row if i >= 0]
+        tail = [i for i in row[INDEX_TOPK:] if i >= 0]
+        assert tail == list(range(n - n % KPOOL, n))  # the newest tokens, appended by vLLM
+        kept = [i for i in out if i >= 0]
+        assert out == kept + [-1] * (INDEX_TOPK - len(kept))  # padding intact, at the end
+        dropped = len(entries) - INDEX_TOPK
+        if dropped <= 0:
+            assert kept == entries  # nothing lost
+        else:  # the last history columns make room for the tail, order kept
+            history = [i for i in row[:INDEX_TOPK] if i >= 0]
+            assert n >= INDEX_TOPK and dropped == n % KPOOL
+            assert kept == history[: INDEX_TOPK - len(tail)] + tail
+    # With topk_length, entries past it count as absent and the new lengths say what is kept.
+    lengths_in = torch.full((len(seq_lens),), WIDTH, dtype=torch.int32)
+    lengths_in[0] = 0
+    again, lengths_out = fit(tables.unsqueeze(1), lengths_in, INDEX_TOPK)
+    assert again.shape == (len(seq_lens), 1, INDEX_TOPK) and lengths_out[0] == 0
+    assert torch.equal(again[1:, 0], fitted[1:]) and torch.equal(lengths_out[1:], (fitted[1:] >= 0).sum(-1).int())
+
+
+@pytest.mark.network
+def test_flashinfer_06_fit_drops_entries_only_on_long_rows_with_a_tail():
+    """Which entries the fit drops, measured on vLLM's own tables over uniform decode lengths: a row
+    has valid entries past column 2048 whenever seq_len % 4 != 0 (3 in 4 rows); it loses entries only
+    when its history is full too (seq_len >= 2048): then seq_len % 4 of its 2048 history entries
+    (<= 0.15%), never a tail token. The numbers are in the patch's why."""
+    import torch
+
+    fit = _flashinfer_module(_flashinfer_06_texts()[1])["_patchkit_fit_topk_width"]
+    rng = random.Random(0)
+    seq_lens = [rng.randrange(1, 131072) for _ in range(2000)]
+    tables = _kpool_tables(seq_lens, torch.Generator().manual_seed(1))
+    fitted, _ = fit(tables, None, INDEX_TOPK)
+    past = (tables[:, INDEX_TOPK:] >= 0).any(-1)
+    lost = (tables >= 0).sum(-1) - (fitted >= 0).sum(-1)
+    lens = torch.tensor(seq_lens)
+    assert torch.equal(past, lens % KPOOL != 0)
+    assert torch.equal(lost, torch.where(lens >= INDEX_TOPK, lens % KPOOL, 0))
+    share_past, share_lossy = past.float().mean().item(), (lost > 0).float().mean().item()
+    assert 0.70 < share_past < 0.80 and 0.68 < share_lossy < 0.78, (share_past, share_lossy)

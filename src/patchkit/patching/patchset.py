@@ -1,25 +1,30 @@
 """The patch model: `patches/<id>/patch.toml` and `patches/series.toml`, validated once.
 
-Everything downstream trusts these dataclasses; every rule about what a patch file may say lives here.
-The format is documented in docs/DESIGN.md. Errors name the file and the field.
+Everything downstream trusts these dataclasses. Types and keys are checked by the schema (schema.py,
+through patchkit.tomlschema); the rules between fields live here. The format is in docs/DESIGN.md.
+Errors name the file, the table and the key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+import msgspec
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
+from patchkit import tomlschema
 from patchkit.errors import PatchkitError
+from patchkit.patching.schema import (
+    EditTable,
+    PatchFile,
+    SeriesFile,
+    UpstreamedProbeTable,
+)
 from patchkit.sources.base import DISTRIBUTIONS
 
-ACTIONS = ("replace", "insert_before", "insert_after", "assert")
-UPSTREAM_STATES = re.compile(r"^(none|open|merged-in-\d+(\.\d+)*([a-z0-9.+-]*)?)$")
-PATCH_ID = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 SERIES_FILE = "series.toml"
 DEFAULT_PACKAGE = "vllm"
 
@@ -74,6 +79,9 @@ class Patch:
     edits: tuple[Edit, ...]
     upstreamed: Probe | None = None
     digest: str = field(default="", compare=False)  # sha256 over the folder's files, for image annotations
+    evidence: str = ""   # how it was derived (sources, measurements)
+    test: str = ""       # which tests prove it
+    drop_when: str = ""  # when upstream makes it unnecessary
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -118,10 +126,7 @@ def load_patchset(folder: Path | str) -> PatchSet:
     """Read and validate every patch folder and the series file."""
     folder = Path(folder)
     series_path = folder / SERIES_FILE
-    series_doc = _read_toml(series_path)
-    order = series_doc.get("series")
-    if not isinstance(order, list) or not all(isinstance(i, str) for i in order) or not order:
-        raise PatchkitError(f"{series_path}: 'series' must be a non-empty list of patch ids")
+    order = tomlschema.load(series_path, SeriesFile).series
     dupes = sorted({i for i in order if order.count(i) > 1})
     if dupes:
         raise PatchkitError(f"{series_path}: duplicate patch ids in the series: {dupes}")
@@ -129,8 +134,6 @@ def load_patchset(folder: Path | str) -> PatchSet:
     patches: dict[str, Patch] = {}
     for toml_path in sorted(folder.glob("*/patch.toml")):
         patch = load_patch(toml_path)
-        if patch.id in patches:  # unreachable through folder names, kept for ids that lie
-            raise PatchkitError(f"{toml_path}: duplicate patch id {patch.id!r}")
         patches[patch.id] = patch
     missing = [i for i in order if i not in patches]
     if missing:
@@ -142,57 +145,39 @@ def load_patchset(folder: Path | str) -> PatchSet:
 
 
 def load_patch(toml_path: Path) -> Patch:
-    doc = _read_toml(toml_path)
+    doc = tomlschema.load(toml_path, PatchFile)
     where = str(toml_path)
-    pid = _string(doc, "id", where)
-    if not PATCH_ID.match(pid):
-        raise PatchkitError(f"{where}: id {pid!r} must be lowercase letters, digits and dashes")
-    if pid != toml_path.parent.name:
-        raise PatchkitError(f"{where}: id {pid!r} differs from its folder name {toml_path.parent.name!r}")
-    known = {"id", "title", "why", "vllm", "packages", "origin", "upstream", "upstreamed", "edit"}
-    _no_unknown_keys(doc, known, where)
-
-    ranges = {DEFAULT_PACKAGE: _specifier(_string(doc, "vllm", where), f"{where}: vllm")}
-    for package, spec in _table(doc, "packages", where, required=False).items():
+    if doc.id != toml_path.parent.name:
+        raise PatchkitError(f"{where}: id {doc.id!r} differs from its folder name {toml_path.parent.name!r}")
+    ranges = {DEFAULT_PACKAGE: _specifier(doc.vllm, f"{where}: key 'vllm'")}
+    for package, spec in doc.packages.items():
         if package not in DISTRIBUTIONS:
             raise PatchkitError(f"{where}: [packages] names unknown package {package!r}; known: {sorted(DISTRIBUTIONS)}")
-        ranges[package] = _specifier(spec, f"{where}: packages.{package}")
-
-    origin = _table(doc, "origin", where)
-    for key in ("author", "url", "license"):
-        _string(origin, key, f"{where}: [origin]")
-    upstream = _table(doc, "upstream", where)
-    state = _string(upstream, "state", f"{where}: [upstream]")
-    if not UPSTREAM_STATES.match(state):
-        raise PatchkitError(f"{where}: [upstream] state {state!r} must be none, open or merged-in-X.Y.Z")
-    upstream.setdefault("url", "")
-
-    raw_edits = doc.get("edit")
-    if not isinstance(raw_edits, list) or not raw_edits:
+        ranges[package] = _specifier(spec, f"{where}: [packages], key {package!r}")
+    if not doc.edit:
         raise PatchkitError(f"{where}: a patch needs at least one [[edit]]")
-    edits = tuple(_edit(raw, i, toml_path, ranges) for i, raw in enumerate(raw_edits, start=1))
-
+    edits = tuple(_edit(raw, i, toml_path, ranges) for i, raw in enumerate(doc.edit, start=1))
     probe = None
-    if "upstreamed" in doc:
-        raw = _table(doc, "upstreamed", where)
+    if doc.upstreamed is not None:
+        raw = doc.upstreamed
         pw = f"{where}: [upstreamed]"
-        _no_unknown_keys(raw, {"package", "file", "files", "contains"}, pw)
-        probe = Probe(
-            package=raw.get("package", DEFAULT_PACKAGE),
-            candidates=_candidates(raw, pw),
-            contains=_string(raw, "contains", pw),
-        )
+        if raw.package not in ranges:
+            raise PatchkitError(f"{pw}: package {raw.package!r} has no version range in this patch")
+        probe = Probe(package=raw.package, candidates=_candidates(raw, pw), contains=raw.contains)
     return Patch(
-        id=pid,
-        title=_string(doc, "title", where),
-        why=_string(doc, "why", where),
+        id=doc.id,
+        title=doc.title,
+        why=doc.why,
         folder=toml_path.parent,
         ranges=ranges,
-        origin={k: str(v) for k, v in origin.items()},
-        upstream={k: str(v) for k, v in upstream.items()},
+        origin=msgspec.structs.asdict(doc.origin),
+        upstream=msgspec.structs.asdict(doc.upstream),
         edits=edits,
         upstreamed=probe,
         digest=folder_digest(toml_path.parent),
+        evidence=doc.evidence or "",
+        test=doc.test or "",
+        drop_when=doc.drop_when or "",
     )
 
 
@@ -205,49 +190,33 @@ def folder_digest(folder: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _edit(raw: object, index: int, toml_path: Path, ranges: dict[str, SpecifierSet]) -> Edit:
-    where = f"{toml_path}: edit {index}"
-    if not isinstance(raw, dict):
-        raise PatchkitError(f"{where}: must be a table")
-    _no_unknown_keys(
-        raw, {"package", "file", "files", "action", "anchor", "count", "text", "text_file", "versions"}, where
-    )
-    package = raw.get("package", DEFAULT_PACKAGE)
-    if package not in ranges:
-        raise PatchkitError(f"{where}: package {package!r} has no version range in [packages]")
-    action = _string(raw, "action", where)
-    if action not in ACTIONS:
-        raise PatchkitError(f"{where}: unknown action {action!r}; expected one of {', '.join(ACTIONS)}")
-    anchor = _string(raw, "anchor", where)
-    count = raw.get("count", 1)
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise PatchkitError(f"{where}: count must be a positive integer, got {count!r}")
+def _edit(raw: EditTable, index: int, toml_path: Path, ranges: dict[str, SpecifierSet]) -> Edit:
+    where = f"{toml_path}: [[edit]] #{index}"
+    if raw.package not in ranges:
+        raise PatchkitError(f"{where}: package {raw.package!r} has no version range in [packages]")
     text = _edit_text(raw, where, toml_path.parent)
-    if action == "assert":
+    if raw.action == "assert":
         if text:
             raise PatchkitError(f"{where}: an assert edit changes nothing and takes no text")
     else:
         if not text:
-            raise PatchkitError(f"{where}: {action} needs a non-empty text (a change that changes nothing is an error)")
-        if action == "replace" and text == anchor:
+            raise PatchkitError(f"{where}: {raw.action} needs a non-empty text (a change that changes nothing is an error)")
+        if raw.action == "replace" and text == raw.anchor:
             raise PatchkitError(f"{where}: replacement text equals the anchor (a change that changes nothing)")
-        if action != "replace" and anchor in text:
+        if raw.action != "replace" and raw.anchor in text:
             # The applied form would contain the anchor twice and the state could not be read back.
             raise PatchkitError(f"{where}: inserted text contains the anchor itself")
     # An edit may narrow the patch's range: one fix whose code moved between releases stays one patch.
-    versions = _specifier(raw["versions"], f"{where}: versions") if "versions" in raw else None
-    return Edit(index, package, _candidates(raw, where), action, anchor, count, text, versions)
+    versions = _specifier(raw.versions, f"{where}: key 'versions'") if raw.versions is not None else None
+    return Edit(index, raw.package, _candidates(raw, where), raw.action, raw.anchor, raw.count, text, versions)
 
 
-def _edit_text(raw: dict, where: str, folder: Path) -> str:
-    if "text" in raw and "text_file" in raw:
+def _edit_text(raw: EditTable, where: str, folder: Path) -> str:
+    if raw.text is not None and raw.text_file is not None:
         raise PatchkitError(f"{where}: give text or text_file, not both")
-    if "text_file" not in raw:
-        text = raw.get("text", "")
-        if not isinstance(text, str):
-            raise PatchkitError(f"{where}: text must be a string")
-        return text
-    name = _string(raw, "text_file", where)
+    if raw.text_file is None:
+        return raw.text or ""
+    name = raw.text_file
     path = (folder / name).resolve()
     if not path.is_relative_to(folder.resolve()):
         raise PatchkitError(f"{where}: text_file {name!r} leaves the patch folder")
@@ -257,14 +226,14 @@ def _edit_text(raw: dict, where: str, folder: Path) -> str:
         raise PatchkitError(f"{where}: text_file {name!r} not found beside patch.toml") from None
     except UnicodeDecodeError as e:
         raise PatchkitError(f"{where}: text_file {name!r} is not UTF-8: {e}") from None
+    except OSError as e:
+        raise PatchkitError(f"{where}: text_file {name!r} cannot be read: {e.strerror or e}") from None
 
 
-def _candidates(raw: dict, where: str) -> tuple[str, ...]:
-    if ("file" in raw) == ("files" in raw):
+def _candidates(raw: EditTable | UpstreamedProbeTable, where: str) -> tuple[str, ...]:
+    if (raw.file is None) == (raw.files is None):
         raise PatchkitError(f"{where}: give exactly one of file or files")
-    paths = [raw["file"]] if "file" in raw else raw["files"]
-    if not isinstance(paths, list) or not paths or not all(isinstance(p, str) and p for p in paths):
-        raise PatchkitError(f"{where}: files must be a non-empty list of paths")
+    paths = [raw.file] if raw.file is not None else raw.files
     for p in paths:
         check_relative_path(p, where)
     return tuple(paths)
@@ -279,42 +248,8 @@ def check_relative_path(path: str, where: str) -> None:
         raise PatchkitError(f"{where}: path {path!r} escapes the package root")
 
 
-def _read_toml(path: Path) -> dict:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise PatchkitError(f"{path}: not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise PatchkitError(f"{path}: malformed TOML: {e}") from None
-    except UnicodeDecodeError as e:
-        raise PatchkitError(f"{path}: not UTF-8: {e}") from None
-
-
-def _string(doc: dict, key: str, where: str) -> str:
-    value = doc.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise PatchkitError(f"{where}: {key!r} must be a non-empty string")
-    return value
-
-
-def _table(doc: dict, key: str, where: str, required: bool = True) -> dict:
-    value = doc.get(key, None if required else {})
-    if not isinstance(value, dict):
-        raise PatchkitError(f"{where}: [{key}] must be a table")
-    return dict(value)
-
-
-def _specifier(spec: object, where: str) -> SpecifierSet:
-    if not isinstance(spec, str):
-        raise PatchkitError(f"{where}: version range must be a string")
+def _specifier(spec: str, where: str) -> SpecifierSet:
     try:
         return SpecifierSet(spec)
     except InvalidSpecifier as e:
         raise PatchkitError(f"{where}: invalid version range {spec!r}: {e}") from None
-
-
-def _no_unknown_keys(doc: dict, known: set[str], where: str) -> None:
-    unknown = sorted(set(doc) - known)
-    if unknown:
-        raise PatchkitError(f"{where}: unknown keys {unknown}; known: {sorted(known)}")

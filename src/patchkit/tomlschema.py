@@ -1,0 +1,110 @@
+"""One way to read patchkit's TOML files (patch.toml, series.toml, image.toml, variant.toml) against a
+schema, with one error style: the file, the table and the key, then what was wrong.
+
+The schemas are msgspec Structs that forbid unknown keys; msgspec validates types, required keys and
+simple constraints while decoding, and writes the JSON Schema editors read (`patchkit schemas`).
+Rules a type cannot say (a path stays inside its package, a range parses, an id equals its folder)
+stay with the subsystem that owns the file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+
+from patchkit.errors import PatchkitError
+
+T = TypeVar("T")
+
+_AT = re.compile(r"^(?P<what>.*?)(?: - at `(?P<path>\$[^`]*)`)?$", re.S)
+_STEP = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[['\"]([^'\"]+)['\"]\]")
+
+
+def where(path: str, is_table: bool = False) -> str:
+    """`$.edit[0].anchor` -> `[[edit]] #1, key 'anchor'`: how a reader finds the place in the file.
+    `is_table`: the path names a table itself (an unknown or missing key inside it)."""
+    steps = [m.group(1) or m.group(3) or int(m.group(2)) for m in _STEP.finditer(path)]
+    if is_table:
+        steps.append("")  # a key inside the table, named by the message
+    table: list[str] = []   # the dotted name of the innermost table
+    array_item = None       # 1-based position when that table is an array of tables
+    key, item = None, None  # the key in it, and the position inside the key's own array
+    for i, step in enumerate(steps):
+        nxt = steps[i + 1] if i + 1 < len(steps) else None
+        last_name = all(isinstance(s, int) for s in steps[i + 1:])
+        if isinstance(step, int):
+            if key is not None:
+                item = step + 1
+            else:
+                array_item = step + 1
+        elif last_name and not (isinstance(nxt, int) and i + 2 < len(steps)):
+            key = step
+        else:
+            table.append(step)
+            array_item = None
+    name = ".".join(table)
+    parts = [f"[[{name}]] #{array_item}" if array_item else f"[{name}]"] if table else []
+    if key:
+        parts.append(f"key {key!r}" + (f", item {item}" if item else ""))
+    return ", ".join(parts) or "top level"
+
+
+def decode(data: bytes, schema: type[T], path: Path | str) -> T:
+    """Decode TOML bytes into `schema`; every failure is a PatchkitError naming file, table and key."""
+    try:
+        return msgspec.toml.decode(data, type=schema)
+    except msgspec.ValidationError as exc:
+        m = _AT.match(str(exc))
+        what = m.group("what")[0].lower() + m.group("what")[1:]
+        what = what.replace("object contains unknown field", "unknown key").replace(
+            "object missing required field", "missing required key")
+        place = where(m.group("path") or "$", is_table=what.startswith(("unknown key", "missing required key")))
+        choices = _choices(schema, m.group("path") or "$")
+        if choices:
+            what += f"; expected one of {', '.join(map(repr, choices))}"
+        raise PatchkitError(f"{path}: {place}: {what}") from None
+    except msgspec.DecodeError as exc:
+        raise PatchkitError(f"{path}: malformed TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PatchkitError(f"{path}: not UTF-8: {exc}") from None
+
+
+def _choices(schema: type, path: str) -> tuple | None:
+    """The values a Literal field admits, found by walking `path` through the schema's types."""
+    info = msgspec.inspect.type_info(schema)
+    for m in _STEP.finditer(path):
+        while isinstance(info, msgspec.inspect.UnionType):  # `X | None`: the non-None member
+            info = next(t for t in info.types if not isinstance(t, msgspec.inspect.NoneType))
+        if isinstance(info, msgspec.inspect.StructType) and (m.group(1) or m.group(3)):
+            fields = {f.encode_name: f.type for f in info.fields}
+            info = fields.get(m.group(1) or m.group(3))
+        elif isinstance(info, (msgspec.inspect.ListType, msgspec.inspect.DictType)):
+            info = info.item_type if isinstance(info, msgspec.inspect.ListType) else info.value_type
+        else:
+            return None
+    while isinstance(info, msgspec.inspect.UnionType):
+        info = next(t for t in info.types if not isinstance(t, msgspec.inspect.NoneType))
+    return info.values if isinstance(info, msgspec.inspect.LiteralType) else None
+
+
+def load(path: Path, schema: type[T]) -> T:
+    """Read `path` and decode it into `schema`."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PatchkitError(f"{path}: not found") from None
+    except IsADirectoryError:
+        raise PatchkitError(f"{path}: is a directory, not a file") from None
+    except OSError as exc:
+        raise PatchkitError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    return decode(data, schema, path)
+
+
+def json_schema(schema: type, title: str, description: str) -> dict[str, Any]:
+    """The JSON Schema of one file kind, for editors (taplo / Even Better TOML)."""
+    doc = msgspec.json.schema(schema)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": title,
+            "description": description, **doc}

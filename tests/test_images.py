@@ -86,13 +86,13 @@ def test_a_valid_child_inherits(tmp_path, patchset):
     ({"a": root(series='["pool-topk-init"]')}, "VLLM_MLA_NOPE_PAD_ROPE switches nope-mla-pad"),
     ({"a": root(env=ENV_OK.replace('VLLM_MLA_NOPE_PAD_ROPE = "1"', 'X = "1"'))}, "set it to '1'"),
     ({"a": root().replace('name = "a"', 'name = "b"')}, "must equal the folder name"),
-    ({"a": root().replace('title = "t"', 'title = "t"\ncolour = "red"')}, "unknown keys"),
+    ({"a": root().replace('title = "t"', 'title = "t"\ncolour = "red"')}, "top level: unknown key `colour`"),
     ({"a": root().replace('platform = "linux/arm64"', 'platform = "linux/amd64"')}, "platform 'linux/amd64'"),
     ({"a": root().replace('version = "0.33.0"', 'version = "0.33.0"\nlayout = "0.31.0.dev1"')}, "must name a release"),
     ({"a": root().replace('/site-packages/vllm"', '/site-packages/other"')}, "absolute directory of the vllm"),
     ({"a": root().replace('[series]\npatches', '[series]\nadd')}, "root image lists its series"),
     ({"a": root(), "b": child("b", "a").replace("add =", "patches =")}, "extends its parent's series"),
-    ({"a": root().replace('why = "w"\n[base]', '[base]')}, "why is required"),
+    ({"a": root().replace('why = "w"\n[base]', '[base]')}, "top level: missing required key `why`"),
 ])
 def test_invalid_definitions_are_clear_errors(tmp_path, patchset, files, message):
     d = write(tmp_path, files)

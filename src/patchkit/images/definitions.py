@@ -48,19 +48,18 @@ diagnostic. It applies only to the base named here: a different `--base` is judg
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from packaging.version import InvalidVersion, Version
 
-from patchkit import CHECKOUT
+from patchkit import CHECKOUT, tomlschema
 from patchkit.errors import PatchkitError
+from patchkit.images.schema import ImageFile
 from patchkit.patching.patchset import PatchSet
 from patchkit.sources.base import DISTRIBUTIONS
 
 IMAGE_FILE = "image.toml"
-SCHEMA = 1
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BASE_RE = re.compile(r"^(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
@@ -77,8 +76,6 @@ ARCH_ENV = {
 # Runtime switches a patch's code reads: set exactly when the patch is in the series, since a switch
 # without its code (or code without its switch) is an image that says one thing and does another.
 PATCH_ENV = {"nope-mla-pad": {"VLLM_MLA_NOPE_PAD_ROPE": "1"}}
-
-_TOP_KEYS = {"schema", "name", "title", "parent", "why", "base", "packages", "series", "env", "labels"}
 
 
 @dataclass(frozen=True)
@@ -125,7 +122,7 @@ def default_images_dir() -> Path:
 def load_images(images_dir: Path | str, patchset: PatchSet) -> dict[str, Image]:
     """Every images/*/image.toml, resolved (inheritance) and validated against the patch set."""
     images_dir = Path(images_dir)
-    raw = {p.parent.name: _read(p) for p in sorted(images_dir.glob(f"*/{IMAGE_FILE}"))}
+    raw = {p.parent.name: (p, _read(p)) for p in sorted(images_dir.glob(f"*/{IMAGE_FILE}"))}
     if not raw:
         raise PatchkitError(f"no {IMAGE_FILE} under {images_dir}")
     resolved: dict[str, Image] = {}
@@ -141,140 +138,111 @@ def load_image(images_dir: Path | str, name: str, patchset: PatchSet) -> Image:
     return images[name]
 
 
-def _read(path: Path) -> dict:
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise PatchkitError(f"{path}: {exc}") from None
-    where = str(path)
-    unknown = sorted(set(doc) - _TOP_KEYS)
-    if unknown:
-        raise PatchkitError(f"{where}: unknown keys {unknown}")
-    if doc.get("schema") != SCHEMA:
-        raise PatchkitError(f"{where}: schema must be {SCHEMA}")
-    if doc.get("name") != path.parent.name:
-        raise PatchkitError(f"{where}: name {doc.get('name')!r} must equal the folder name {path.parent.name!r}")
+def _read(path: Path) -> ImageFile:
+    doc = tomlschema.load(path, ImageFile)
+    if doc.name != path.parent.name:
+        raise PatchkitError(f"{path}: name {doc.name!r} must equal the folder name {path.parent.name!r}")
     if not NAME_RE.match(path.parent.name):
-        raise PatchkitError(f"{where}: image name must be lower-case letters, digits, '.', '_' or '-'")
-    for key in ("title", "why"):
-        _text(doc, key, where)
-    doc["__path__"] = path
+        raise PatchkitError(f"{path}: image name must be lower-case letters, digits, '.', '_' or '-'")
     return doc
 
 
-def _resolve(name: str, raw: dict, images_dir: Path, patchset: PatchSet, done: dict, chain: tuple) -> Image:
+def _resolve(name: str, raw: dict[str, tuple[Path, ImageFile]], images_dir: Path, patchset: PatchSet, done: dict,
+             chain: tuple) -> Image:
     if name in done:
         return done[name]
     if name in chain:
         raise PatchkitError(f"image inheritance cycle: {' -> '.join((*chain, name))}")
     if name not in raw:
-        raise PatchkitError(f"{raw[chain[-1]]['__path__']}: parent {name!r} has no {images_dir}/{name}/{IMAGE_FILE}")
-    doc = raw[name]
-    path: Path = doc["__path__"]
+        raise PatchkitError(f"{raw[chain[-1]][0]}: parent {name!r} has no {images_dir}/{name}/{IMAGE_FILE}")
+    path, doc = raw[name]
     where = str(path)
-    parent_name = doc.get("parent")
     parent = None
-    if parent_name is not None:
-        if not isinstance(parent_name, str) or parent_name == name:
+    if doc.parent is not None:
+        if doc.parent == name:
             raise PatchkitError(f"{where}: parent must name another image")
-        parent = _resolve(parent_name, raw, images_dir, patchset, done, (*chain, name))
+        parent = _resolve(doc.parent, raw, images_dir, patchset, done, (*chain, name))
 
-    why = {"image": doc["why"]}
+    why = {"image": doc.why}
     base_ref, base_source, platform = _base(doc, parent, where, why)
     packages = _packages(doc, parent, where, why)
     series = _series(doc, parent, patchset, where, why)
     env = _env(doc, parent, series, where, why)
-    labels = dict(parent.labels) if parent else {}
-    extra = doc.get("labels", {})
-    if not isinstance(extra, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
-        raise PatchkitError(f"{where}: [labels] must map strings to strings")
-    labels.update(extra)
-    image = Image(name=name, title=doc["title"], folder=path.parent, parent=parent_name, base=base_ref,
+    labels = {**(parent.labels if parent else {}), **doc.labels}
+    image = Image(name=name, title=doc.title, folder=path.parent, parent=doc.parent, base=base_ref,
                   base_source=base_source, platform=platform, packages=packages, series=series, env=env,
                   labels=labels, why=why)
     done[name] = image
     return image
 
 
-def _base(doc: dict, parent: Image | None, where: str, why: dict) -> tuple[str, str, str]:
-    table = doc.get("base")
+def _base(doc: ImageFile, parent: Image | None, where: str, why: dict) -> tuple[str, str, str]:
+    table = doc.base
     if table is None:
         if parent is None:
             raise PatchkitError(f"{where}: [base] is required (or name a parent image)")
         why["base"] = parent.why.get("base", "")
         return parent.base, parent.base_source, parent.platform
-    _keys(table, {"ref", "platform", "source", "why"}, f"{where} [base]")
-    ref = _text(table, "ref", f"{where} [base]")
-    if not BASE_RE.match(ref):
-        raise PatchkitError(f"{where} [base]: ref {ref!r} must be pinned by digest (NAME[:TAG]@sha256:<64 hex>): "
-                            "a tag alone moves, and what is patched would change with it")
-    platform = _text(table, "platform", f"{where} [base]")
-    if platform not in PLATFORMS:
-        raise PatchkitError(f"{where} [base]: platform {platform!r} is not one of {PLATFORMS}")
-    why["base"] = _text(table, "why", f"{where} [base]")
-    return ref, _text(table, "source", f"{where} [base]"), platform
+    if not BASE_RE.match(table.ref):
+        raise PatchkitError(f"{where}: [base], key 'ref': {table.ref!r} must be pinned by digest "
+                            "(NAME[:TAG]@sha256:<64 hex>): a tag alone moves, and what is patched would change with it")
+    if table.platform not in PLATFORMS:
+        raise PatchkitError(f"{where}: [base], key 'platform': platform {table.platform!r} is not one of {PLATFORMS}")
+    why["base"] = table.why
+    return table.ref, table.source, table.platform
 
 
-def _packages(doc: dict, parent: Image | None, where: str, why: dict) -> dict[str, PackageSpec]:
-    table = doc.get("packages")
+def _packages(doc: ImageFile, parent: Image | None, where: str, why: dict) -> dict[str, PackageSpec]:
+    table = doc.packages
     if table is None:
         if parent is None:
             raise PatchkitError(f"{where}: [packages.vllm] is required (or name a parent image)")
         why.update({k: v for k, v in parent.why.items() if k.startswith("packages.")})
         return dict(parent.packages)
-    if not isinstance(table, dict) or "vllm" not in table:
+    if "vllm" not in table:
         raise PatchkitError(f"{where}: [packages.vllm] is required")
     out = {}
     for pkg, spec in table.items():
-        at = f"{where} [packages.{pkg}]"
+        at = f"{where}: [packages.{pkg}]"
         if pkg not in DISTRIBUTIONS:
             raise PatchkitError(f"{at}: unknown package; patchkit knows {', '.join(DISTRIBUTIONS)}")
-        _keys(spec, {"path", "version", "layout", "why"}, at)
-        path = _text(spec, "path", at)
-        pure = PurePosixPath(path)
+        pure = PurePosixPath(spec.path)
         if not pure.is_absolute() or ".." in pure.parts or pure.name != pkg:
-            raise PatchkitError(f"{at}: path {path!r} must be the absolute directory of the {pkg} package")
-        version = spec.get("version")
-        if pkg == "vllm" and version is None:
-            raise PatchkitError(f"{at}: version is required (the vLLM version inside the base)")
-        layout = spec.get("layout")
-        for key, value in (("version", version), ("layout", layout)):
+            raise PatchkitError(f"{at}, key 'path': {spec.path!r} must be the absolute directory of the {pkg} package")
+        if pkg == "vllm" and spec.version is None:
+            raise PatchkitError(f"{at}: missing required key `version` (the vLLM version inside the base)")
+        for key, value in (("version", spec.version), ("layout", spec.layout)):
             if value is not None:
                 try:
                     Version(value)
-                except (InvalidVersion, TypeError):
-                    raise PatchkitError(f"{at}: {key} {value!r} is not a PEP 440 version") from None
-        if layout is not None and Version(layout).is_prerelease:
-            raise PatchkitError(f"{at}: layout {layout!r} must name a release")
-        why[f"packages.{pkg}"] = _text(spec, "why", at)
-        out[pkg] = PackageSpec(pkg, str(pure), version, layout, spec["why"])
+                except InvalidVersion:
+                    raise PatchkitError(f"{at}, key {key!r}: {value!r} is not a PEP 440 version") from None
+        if spec.layout is not None and Version(spec.layout).is_prerelease:
+            raise PatchkitError(f"{at}, key 'layout': {spec.layout!r} must name a release")
+        why[f"packages.{pkg}"] = spec.why
+        out[pkg] = PackageSpec(pkg, str(pure), spec.version, spec.layout, spec.why)
     return out
 
 
-def _series(doc: dict, parent: Image | None, patchset: PatchSet, where: str, why: dict) -> tuple[str, ...]:
-    table = doc.get("series")
-    at = f"{where} [series]"
-    if not isinstance(table, dict):
-        raise PatchkitError(f"{at} is required")
-    _keys(table, {"patches", "add", "why"}, at)
-    why["series"] = _text(table, "why", at)
+def _series(doc: ImageFile, parent: Image | None, patchset: PatchSet, where: str, why: dict) -> tuple[str, ...]:
+    table = doc.series
+    at = f"{where}: [series]"
+    why["series"] = table.why
     if parent is None:
-        if "add" in table or "patches" not in table:
+        if table.add is not None or table.patches is None:
             raise PatchkitError(f"{at}: a root image lists its series as patches = [...] (add = needs a parent)")
-        ids = _ids(table["patches"], at)
-        if not ids:
+        if not table.patches:
             raise PatchkitError(f"{at}: patches is empty: an image without patches is its base")
-        return tuple(p.id for p in _checked(patchset, ids, at))
-    if "patches" in table or "add" not in table:
+        return tuple(p.id for p in _checked(patchset, table.patches, at))
+    if table.patches is not None or table.add is None:
         raise PatchkitError(f"{at}: a child image extends its parent's series with add = [...]")
-    added = _ids(table["add"], at)
-    again = sorted(set(added) & set(parent.series))
+    again = sorted(set(table.add) & set(parent.series))
     if again:
         raise PatchkitError(f"{at}: {again} already in the series of parent {parent.name}")
-    for pid in added:
+    for pid in table.add:
         _checked(patchset, [pid], at)
     order = {pid: i for i, pid in enumerate(patchset.order)}
-    ids = sorted([*parent.series, *added], key=order.__getitem__)
+    ids = sorted([*parent.series, *table.add], key=order.__getitem__)
     return tuple(p.id for p in _checked(patchset, ids, at))
 
 
@@ -285,23 +253,19 @@ def _checked(patchset: PatchSet, ids: list[str], at: str):
         raise PatchkitError(f"{at}: {exc}") from None
 
 
-def _env(doc: dict, parent: Image | None, series: tuple[str, ...], where: str, why: dict) -> dict[str, str]:
-    table = doc.get("env")
-    at = f"{where} [env]"
+def _env(doc: ImageFile, parent: Image | None, series: tuple[str, ...], where: str, why: dict) -> dict[str, str]:
+    table = doc.env
+    at = f"{where}: [env]"
     env = dict(parent.env) if parent else {}
     if table is None:
         if parent is None:
             raise PatchkitError(f"{at} is required")
         why["env"] = parent.why.get("env", "")
     else:
-        _keys(table, {"why", "vars"}, at)
-        why["env"] = _text(table, "why", at)
-        values = table.get("vars", {})
-        if not isinstance(values, dict):
-            raise PatchkitError(f"{at}: vars must be a table")
-        for key, value in values.items():
-            if not ENV_NAME_RE.match(key) or not isinstance(value, str):
-                raise PatchkitError(f"{at}: {key} = {value!r}: names are identifiers, values strings")
+        why["env"] = table.why
+        for key, value in table.vars.items():
+            if not ENV_NAME_RE.match(key):
+                raise PatchkitError(f"{at}, key {key!r}: environment names are identifiers")
             env[key] = value
     for key, value in ARCH_ENV.items():
         if env.get(key) != value:
@@ -314,27 +278,6 @@ def _env(doc: dict, parent: Image | None, series: tuple[str, ...], where: str, w
             if pid not in series and key in env:
                 raise PatchkitError(f"{at}: {key} switches {pid}, which is not in the series: remove it")
     return env
-
-
-def _ids(value: object, at: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(i, str) for i in value):
-        raise PatchkitError(f"{at}: must be a list of patch ids")
-    return value
-
-
-def _keys(table: object, known: set[str], at: str) -> None:
-    if not isinstance(table, dict):
-        raise PatchkitError(f"{at} must be a table")
-    unknown = sorted(set(table) - known)
-    if unknown:
-        raise PatchkitError(f"{at}: unknown keys {unknown}; known: {sorted(known)}")
-
-
-def _text(table: dict, key: str, at: str) -> str:
-    value = table.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise PatchkitError(f"{at}: {key} is required (a non-empty string)")
-    return value
 
 
 def mirrors(images: dict[str, Image], prefix: str, name: str | None = None) -> list[tuple[str, str]]:

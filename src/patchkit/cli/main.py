@@ -379,3 +379,7 @@ main.add_command(verify_command)
 from patchkit.cli.doctor import doctor  # noqa: E402
 
 main.add_command(doctor)
+
+from patchkit.cli.schemas import schemas_command  # noqa: E402
+
+main.add_command(schemas_command)

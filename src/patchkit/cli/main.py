@@ -6,6 +6,7 @@ Exit codes: 0 success; 1 a patch does not apply or is broken (or, for verify, a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from patchkit.cli.common import (
     load_series,
     parse_assumed,
     patches_option,
+    refuse_if_out_of_every_range,
     series_option,
 )
 from patchkit.errors import PatchkitError
@@ -91,6 +93,7 @@ def check(sources, patches_dir, series, assumed, as_json):
     """Does the series apply to SRC? Every anchor asserted; nothing written."""
     _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
     plan = planner.plan(patches, _open(sources), versions=parse_assumed(assumed))
+    refuse_if_out_of_every_range(plan)
     labels = {planner.State.NOT_APPLIED: "applies"}
     emit(as_json, report.plan_to_dict(plan), report.plan_table(plan, labels=labels))
     sys.exit(0 if plan.ok else 1)
@@ -109,36 +112,41 @@ def diff(sources, patches_dir, series, assumed):
     click.echo(plan.diff(), nl=False)
 
 
-def _target(target: Path):
-    from patchkit.patching.tree import recover
-    from patchkit.sources import DirectorySource
-
-    recovery = recover(target)
-    if recovery:
-        err_console.print(f"[yellow]{target}: {recovery.describe()}[/]")
-    return DirectorySource(target)
-
-
 def target_command(f):
     """The options every command on a target tree takes."""
     for option in reversed([
         click.option("--target", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True),
         patches_option, series_option, assume_option, json_option,
+        click.option("--wait", type=click.FloatRange(min=0), default=60, show_default=True, metavar="SECONDS",
+                     help="How long to wait for another patchkit run on the same target."),
     ]):
         f = option(f)
     return main.command(f.__name__)(f)
 
 
-def _run_on_target(target, patches_dir, series, assumed, as_json, *, mode: str, done: planner.State,
+@contextlib.contextmanager
+def _locked(target: Path, wait: float):
+    """The target locked for this command, any interrupted run finished first, read as a DirectorySource."""
+    from patchkit.patching.tree import open_target
+    from patchkit.sources import DirectorySource
+
+    with open_target(target, wait=wait) as locked:
+        if locked.recovery:
+            err_console.print(f"[yellow]{target}: {locked.recovery.describe()}[/]")
+        yield locked, DirectorySource(target)
+
+
+def _run_on_target(target, patches_dir, series, assumed, as_json, wait, *, mode: str, done: planner.State,
                    done_label: str, nothing: str) -> None:
     """Plan `mode` on the tree, write only when every patch is whole, report, exit 0/1."""
     _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
-    source = _target(target)
-    plan = planner.plan(patches, source, mode=mode, versions=parse_assumed(assumed))
-    if plan.ok and plan.changes:
-        from patchkit.patching.tree import write_plan
-
-        write_plan(target, source, plan)
+    versions = parse_assumed(assumed)
+    with _locked(target, wait) as (locked, source):
+        plan = planner.plan(patches, source, mode=mode, versions=versions)
+        if mode == "apply":
+            refuse_if_out_of_every_range(plan)
+        if plan.ok and plan.changes:
+            locked.write_plan(source, plan)
     labels = {done: done_label if plan.ok else str(done)}
     emit(as_json, report.plan_to_dict(plan), report.plan_table(plan, labels=labels))
     if plan.ok and not plan.changes and not as_json:
@@ -147,25 +155,33 @@ def _run_on_target(target, patches_dir, series, assumed, as_json, *, mode: str, 
 
 
 @target_command
-def apply(target, patches_dir, series, assumed, as_json):
+def apply(target, patches_dir, series, assumed, as_json, wait):
     """Apply the series to a vLLM tree: all patches or none, atomically."""
-    _run_on_target(target, patches_dir, series, assumed, as_json, mode="apply", done=planner.State.NOT_APPLIED,
+    _run_on_target(target, patches_dir, series, assumed, as_json, wait, mode="apply", done=planner.State.NOT_APPLIED,
                    done_label="applied now", nothing="the series is already applied")
 
 
 @target_command
-def revert(target, patches_dir, series, assumed, as_json):
+def revert(target, patches_dir, series, assumed, as_json, wait):
     """Undo the series, restoring the original bytes exactly."""
-    _run_on_target(target, patches_dir, series, assumed, as_json, mode="revert", done=planner.State.APPLIED,
+    _run_on_target(target, patches_dir, series, assumed, as_json, wait, mode="revert", done=planner.State.APPLIED,
                    done_label="reverted now", nothing="no patch of the series is applied")
 
 
 @target_command
-def status(target, patches_dir, series, assumed, as_json):
+def status(target, patches_dir, series, assumed, as_json, wait):
     """Per-patch state of a tree, read from its text."""
-    _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
-    plan = planner.plan(patches, _target(target), versions=parse_assumed(assumed))
-    emit(as_json, report.plan_to_dict(plan) | {"changes": []}, report.plan_table(plan))
+    patchset, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
+    versions = parse_assumed(assumed)
+    with _locked(target, wait) as (_, source):
+        plan = planner.plan(patches, source, versions=versions)
+    from patchkit.wheels.manifest import installed_report  # a site-packages with a patched wheel names its patches
+
+    wheels, lines = installed_report(target, patchset.patches)
+    emit(as_json, report.plan_to_dict(plan) | {"changes": []} | ({"wheels": wheels} if wheels else {}),
+         report.plan_table(plan))
+    for line in [] if as_json else lines:
+        console.print(line, markup=False, highlight=False)
     sys.exit(0 if plan.ok else 1)
 
 
@@ -176,19 +192,21 @@ def status(target, patches_dir, series, assumed, as_json):
 @click.option("--output", type=click.Path(path_type=Path), help="OCI image layout directory (default build/oci/IMAGE).")
 @click.option("--dry-run", is_flag=True, help="Print what would change and the digest; write nothing.")
 @click.option("--engine", is_flag=True, help="Build through a Docker-API engine (Docker, podman) instead.")
+@click.option("--load", is_flag=True, help="Build into the local Docker/podman engine; when the base is already "
+              "there only the patched files move (else as --engine).")
 @click.option("--engine-url", help="Docker-API endpoint, e.g. unix:///run/podman/podman.sock.")
 @click.option("--result-json", type=click.Path(path_type=Path), help="Write the build summary (digest, tags) here.")
 @click.option("--revision", help="Source revision for the OCI annotations (default: git HEAD).")
 @click.option("--source-url", help="Source URL for the OCI annotations.")
 @patches_option
 @json_option
-def build_cmd(image, base, push, output, dry_run, engine, engine_url, result_json, revision, source_url, patches_dir,
+def build_cmd(image, base, push, output, dry_run, engine, load, engine_url, result_json, revision, source_url, patches_dir,
               as_json):
     """Build IMAGE: the base plus one layer of patched files, linux/arm64, reproducible, no daemon."""
     from patchkit.images.build import build
 
     result = build(
-        image, base=base, push=push, output=output, dry_run=dry_run, engine=engine, engine_url=engine_url,
+        image, base=base, push=push, output=output, dry_run=dry_run, engine=engine, load=load, engine_url=engine_url,
         images_dir=default_dir("images", "PATCHKIT_IMAGES"),
         patches_dir=patches_dir or default_dir("patches", "PATCHKIT_PATCHES"),
         revision=revision, source_url=source_url, console=err_console,
@@ -212,7 +230,7 @@ def _build_table(summary: dict):
     table = Table(title=f"{summary['image']} (linux/arm64)", title_justify="left", show_header=False)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
-    for key in ("digest", "tag", "base", "output"):
+    for key in ("route", "digest", "tag", "base", "output", "engine_image", "transferred_bytes"):
         if summary.get(key):
             table.add_row(key, str(summary[key]))
     table.add_row("series", ", ".join(summary["series"]))
@@ -375,6 +393,10 @@ def upstream(patches_dir, write):
 from patchkit.cli.verify import verify_command  # noqa: E402
 
 main.add_command(verify_command)
+
+from patchkit.cli.wheel import wheel_group  # noqa: E402
+
+main.add_command(wheel_group)
 
 from patchkit.cli.doctor import doctor  # noqa: E402
 

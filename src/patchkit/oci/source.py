@@ -57,7 +57,38 @@ def _ancestors(name: str) -> Iterable[str]:
         yield name
 
 
-class ImageLayersSource:
+class PackagePaths:
+    """What every source over an image's file system shares: package-relative paths to image paths, and
+    the versions, worked out once (`_version(root)` by the subclass)."""
+
+    packages: dict[str, PackageRoot]
+    _versions: dict[str, str] | None = None
+
+    def versions(self) -> dict[str, str]:
+        if self._versions is None:
+            self._versions = {p.name: v for p in self.packages.values() if (v := self._version(p))}
+        return dict(self._versions)
+
+    def image_path(self, package: str, path: str) -> str:
+        """The absolute image path of a package file ('/usr/.../vllm/models/x.py')."""
+        name = self._path(package, path)
+        if name is None:
+            raise PatchkitError(f"package {package!r} has no path in this image definition")
+        return "/" + name
+
+    def _path(self, package: str, path: str) -> str | None:
+        pkg = self.packages.get(package)
+        if pkg is None:
+            return None
+        if path.startswith("/") or ".." in path.split("/"):
+            raise PatchkitError(f"{package} path {path!r} must be relative to the package root")
+        return f"{normalize(pkg.root)}/{normalize(path)}"
+
+    def _version(self, pkg: PackageRoot) -> str | None:
+        raise NotImplementedError
+
+
+class ImageLayersSource(PackagePaths):
     def __init__(self, base: BaseImage, packages: Iterable[PackageRoot]):
         self.base = base
         self.packages = {p.name: PackageRoot(p.name, normalize(p.root), p.distribution, p.declared, p.required)
@@ -89,19 +120,7 @@ class ImageLayersSource:
             listing = self._listings[index]
         return listing.content[name]
 
-    def versions(self) -> dict[str, str]:
-        if self._versions is None:
-            self._versions = {p.name: v for p in self.packages.values() if (v := self._version(p))}
-        return dict(self._versions)
-
     # -- for the build --------------------------------------------------------------------------
-    def image_path(self, package: str, path: str) -> str:
-        """The absolute image path of a package file ('/usr/.../vllm/models/x.py')."""
-        name = self._path(package, path)
-        if name is None:
-            raise PatchkitError(f"package {package!r} has no path in this image definition")
-        return "/" + name
-
     def prefetch(self, files: Iterable[tuple[str, str]]) -> None:
         """Announce the files the engine will read, so each layer is streamed only once."""
         names = [n for package, path in files if (n := self._path(package, path))]
@@ -133,14 +152,6 @@ class ImageLayersSource:
         return [self._digest(i) for i in sorted(self._listings, reverse=True)]
 
     # -- internals ------------------------------------------------------------------------------
-    def _path(self, package: str, path: str) -> str | None:
-        pkg = self.packages.get(package)
-        if pkg is None:
-            return None
-        if path.startswith("/") or ".." in path.split("/"):
-            raise PatchkitError(f"{package} path {path!r} must be relative to the package root")
-        return f"{pkg.root}/{normalize(path)}"
-
     def _digest(self, index: int) -> str:
         return self.base.layers[index]["digest"]
 

@@ -1,0 +1,147 @@
+"""What an image says about itself: version and tag, OCI labels and annotations, and the build epoch.
+
+Two rules keep the metadata honest and the build reproducible:
+- `org.opencontainers.image.source` is written only when it is a URL people can open (https or http;
+  an scp-style `git@host:owner/repo` becomes its https form, and any user:password part is dropped). A
+  clone of a local directory would otherwise publish a path on the builder's disk.
+- the creation time is `SOURCE_DATE_EPOCH` when set, else the time of the commit being built (what the
+  publish workflow sets SOURCE_DATE_EPOCH to), so the same commit gives the same digest on any machine;
+  0 (1970) only outside a git checkout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
+
+from patchkit import CHECKOUT
+from patchkit.errors import PatchkitError
+from patchkit.oci.image import epoch_timestamp
+from patchkit.oci.media import canonical_json
+from patchkit.patching.patchset import Patch
+
+if TYPE_CHECKING:
+    from patchkit.images.prepare import Prepared
+
+ANNOTATION_PREFIX = "dev.patchkit"
+_SCP_LIKE = re.compile(r"^(?:[^@/:]+@)?(?P<host>[A-Za-z0-9.-]+\.[A-Za-z]{2,}):(?!//)(?P<path>[^\\]+)$")
+
+
+def series_hash(patches: Sequence[Patch]) -> str:
+    """12 hex of sha256 over the carried patches' ids and content digests, in order."""
+    return hashlib.sha256(canonical_json([[p.id, p.digest] for p in patches])).hexdigest()[:12]
+
+
+def tag_for(version: str) -> str:
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", version)
+    return tag[:128]
+
+
+def commit_epoch(root: Path = CHECKOUT) -> int | None:
+    """The committer time of HEAD, or None outside a git checkout."""
+    try:
+        import git
+
+        return int(git.Repo(root).head.commit.committed_date)
+    except Exception:  # not a checkout (an installed wheel), or no commit yet
+        return None
+
+
+def build_epoch(epoch: int | None = None, root: Path = CHECKOUT) -> int:
+    if epoch is not None:
+        return int(epoch)
+    raw = os.environ.get("SOURCE_DATE_EPOCH")
+    if raw is None:
+        committed = commit_epoch(root)
+        return committed if committed is not None else 0
+    if not raw.isdigit():
+        raise PatchkitError(f"SOURCE_DATE_EPOCH={raw!r} is not a number of seconds")
+    return int(raw)
+
+
+def git_revision(root: Path = CHECKOUT) -> str:
+    try:
+        import git
+
+        return git.Repo(root).head.commit.hexsha
+    except Exception:  # not a checkout (an installed wheel): the annotation says so
+        return "unknown"
+
+
+def public_url(url: str | None) -> str | None:
+    """`url` as a link people can open, or None when it is not one (a local path, file://, unknown)."""
+    if not url:
+        return None
+    url = url.strip()
+    scp = _SCP_LIKE.match(url)
+    if scp and "://" not in url:
+        url = f"https://{scp.group('host')}/{scp.group('path')}"
+    parts = urlsplit(url)
+    if parts.scheme == "ssh" and parts.hostname and "." in parts.hostname:
+        parts = parts._replace(scheme="https")
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        return None
+    host = parts.hostname + (f":{parts.port}" if parts.port and parts.scheme == "http" else "")
+    path = parts.path[:-4] if parts.path.endswith(".git") else parts.path
+    return urlunsplit((parts.scheme, host, path, "", ""))
+
+
+def git_source_url(root: Path = CHECKOUT) -> str | None:
+    if os.environ.get("GITHUB_REPOSITORY"):
+        return f"{os.environ.get('GITHUB_SERVER_URL', 'https://github.com')}/{os.environ['GITHUB_REPOSITORY']}"
+    try:
+        import git
+
+        return public_url(git.Repo(root).remotes.origin.url)
+    except Exception:
+        return None
+
+
+@dataclass(frozen=True)
+class Metadata:
+    version: str                 # <vllm version>-<series hash>
+    tag: str                     # version made a valid tag
+    labels: dict[str, str]       # image config labels (the image file's own, then patchkit's)
+    annotations: dict[str, str]  # manifest annotations (patchkit's, plus each patch's digest)
+    epoch: int
+    created: str
+
+
+def describe_image(prepared: Prepared, *, epoch: int | None = None, revision: str | None = None,
+                   source_url: str | None = None) -> Metadata:
+    image, base = prepared.image, prepared.base
+    epoch = build_epoch(epoch)
+    created = epoch_timestamp(epoch)
+    source = git_source_url()
+    if source_url:
+        source = public_url(source_url)
+        if source is None:
+            raise PatchkitError(f"--source-url {source_url!r} is not a URL people can open (https://...)")
+    shash = series_hash(prepared.carried)
+    version = f"{prepared.versions['vllm']}-{shash}"
+    common = {
+        "org.opencontainers.image.base.name": base.name,
+        "org.opencontainers.image.base.digest": base.digest,
+        **({"org.opencontainers.image.source": source} if source else {}),
+        "org.opencontainers.image.revision": revision or git_revision(),
+        "org.opencontainers.image.version": version,
+        "org.opencontainers.image.created": created,
+        "org.opencontainers.image.title": image.name,
+        f"{ANNOTATION_PREFIX}.image": image.name,
+        f"{ANNOTATION_PREFIX}.series": ",".join(p.id for p in prepared.carried),
+        f"{ANNOTATION_PREFIX}.series.hash": shash,
+        f"{ANNOTATION_PREFIX}.vllm.version": prepared.versions["vllm"],
+    }
+    if prepared.engine_versions.get("vllm") and prepared.engine_versions["vllm"] != prepared.versions["vllm"]:
+        common[f"{ANNOTATION_PREFIX}.vllm.layout"] = prepared.engine_versions["vllm"]
+    if prepared.skipped:
+        common[f"{ANNOTATION_PREFIX}.skipped"] = ",".join(f"{p.id}:{state}" for p, state, _ in prepared.skipped)
+    labels = {**image.labels, **common}
+    annotations = {**common, **{f"{ANNOTATION_PREFIX}.patch.{p.id}": p.digest for p in prepared.carried}}
+    return Metadata(version, tag_for(version), labels, annotations, epoch, created)

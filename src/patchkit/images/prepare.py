@@ -1,0 +1,170 @@
+"""Everything a build decides before it writes anything: the plan against the base's real files and the
+files of the new layer.
+
+The base's files come from a source that reads them where the base is (`ImageLayersSource` over a
+registry or layout's layers, or `images.local.ContainerSource` over the local engine's copy); the
+planner asserts every anchor against them. A broken or partial patch raises `PatchFailed` with the
+planner's diagnostic, a series patch the base does not cover raises `PatchkitError`.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchkit.errors import PatchkitError
+from patchkit.images.definitions import Image
+from patchkit.oci.base import open_base
+from patchkit.oci.layer import Entry, normalize
+from patchkit.oci.progress import Progress, Quiet
+from patchkit.oci.media import Platform
+from patchkit.oci.source import ImageLayersSource, PackageRoot
+from patchkit.patching.patchset import Patch, PatchSet
+from patchkit.patching.planner import FileChange, Plan, State, plan
+from patchkit.sources.cache import default_cache_root
+
+# States a series patch may end in and still be part of a correct image. NOT_APPLIED: applied by this
+# build. APPLIED: the base already carries it. Anything else is either an error (broken, partial) or
+# a patch the image would claim without carrying it.
+CARRIED = (State.NOT_APPLIED, State.APPLIED)
+# Upstream carries the fix: reported, left out of the image's series labels. An out-of-range or
+# not-applicable patch is NOT skippable: the image names it, so a base it does not cover is an error
+# (an image must never ship without a fix its series promises).
+SKIPPABLE = (State.UPSTREAMED,)
+
+
+@dataclass(frozen=True)
+class PatchedFile:
+    path: str            # absolute image path
+    data: bytes
+    mode: int
+    uid: int
+    gid: int
+    change: FileChange
+
+
+@dataclass
+class Prepared:
+    """Everything decided before anything is written: the plan and the files of the new layer."""
+
+    image: Image
+    base: object                         # BaseImage (registry/layout) or images.local.LocalBase
+    source: object                       # ImageLayersSource or images.local.ContainerSource
+    plan: Plan
+    versions: dict[str, str]             # what the base carries
+    engine_versions: dict[str, str]      # what ranges were judged against
+    carried: list[Patch]                 # patches the image carries, in order
+    skipped: list[tuple[Patch, str, str]]   # (patch, state, why)
+    files: list[PatchedFile]
+    dirs: list[Entry]                    # parent directories, with the base's metadata
+    stale_bytecode: list[str]            # image paths deleted (daemonless) or stubbed (engine)
+
+
+def is_own_base(image: Image, base_spec: str | None, digests: set[str]) -> bool:
+    """The image file's versions and layout describe its own base; any other base speaks for itself."""
+    return base_spec is None or image.base_digest in digests
+
+
+def package_roots(image: Image, patches: list[Patch], own: bool) -> list[PackageRoot]:
+    # Only the packages the series touches (and vllm, whose version every range names): proving another
+    # package absent would mean reading every layer.
+    touched = {"vllm"} | {e.package for p in patches for e in p.edits}
+    return [PackageRoot(p.name, p.path, p.distribution, p.version if own else None, required=p.name == "vllm")
+            for p in image.packages.values() if p.name in touched]
+
+
+def wanted_files(patches: list[Patch]):
+    return ((e.package, c) for p in patches for e in [*p.edits, *([p.upstreamed] if p.upstreamed else [])]
+            for c in e.candidates)
+
+
+def prepare(image: Image, patchset: PatchSet, *, base: str | None = None, cache: Path | None = None,
+            progress: Progress | None = None, keep: bool = True) -> Prepared:
+    """Plan against a registry or OCI-layout base, reading only the layers that hold the files."""
+    progress = progress or Quiet()
+    spec = base or image.base
+    platform = Platform.parse(image.platform)
+    try:
+        base_image = open_base(spec, platform, cache=cache or default_cache_root() / "oci", progress=progress,
+                               keep=keep)
+    except PatchkitError as exc:
+        raise PatchkitError(f"cannot use base image {spec}: {exc}\n  Pass a reachable base with --base: an OCI "
+                            "layout directory (DIR or DIR:NAME) or a registry reference (REGISTRY/REPO@sha256:...)"
+                            ) from None
+    own = is_own_base(image, base, {base_image.digest, base_image.manifest_digest})
+    patches = patchset.series(list(image.series))
+    source = ImageLayersSource(base_image, package_roots(image, patches, own))
+    return plan_on(image, patchset, base_image, source, own=own, spec=spec)
+
+
+def plan_on(image: Image, patchset: PatchSet, base_image, source, *, own: bool, spec: str,
+            dirs: bool = True) -> Prepared:
+    """Plan the image's series on `source` (the base's files) and collect the new layer's contents."""
+    patches = patchset.series(list(image.series))
+    source.prefetch(wanted_files(patches))
+    versions = source.versions()
+    engine_versions = image.engine_versions() if own else {}
+    result = plan(patches, source, versions=engine_versions or None)
+    result.raise_for_errors()
+    carried, skipped = [], []
+    for r in result.results:
+        if r.state in CARRIED:
+            carried.append(r.patch)
+        elif r.state in SKIPPABLE:
+            skipped.append((r.patch, str(r.state), r.detail))
+        else:
+            raise PatchkitError(
+                f"image {image.name}: patch {r.patch.id} is {r.state} on {spec} ({r.detail}); the image's "
+                "series promises it: use a base it covers, or change the series or the patch's range"
+            )
+    if not result.changes:
+        states = ", ".join(f"{r.patch.id}: {r.state}" for r in result.results)
+        raise PatchkitError(f"image {image.name}: nothing to patch in {spec} ({states})")
+    files, dir_entries, stale = layer_contents(source, result.changes, dirs=dirs)
+    return Prepared(image, base_image, source, result, versions, result.versions, carried, skipped, files,
+                    dir_entries, stale)
+
+
+def layer_contents(source, changes: list[FileChange], *, dirs: bool = True):
+    """(patched files, their parent directories with the base's metadata, stale bytecode paths)."""
+    files, stale, dir_paths = [], set(), set()
+    for change in changes:
+        path = source.image_path(change.package, change.path)
+        meta = source.meta(path)
+        mode, uid, gid = (meta.mode, meta.uid, meta.gid) if meta else (0o644, 0, 0)
+        files.append(PatchedFile(path, change.new, mode, uid, gid, change))
+        dir_paths.update("/" + a for a in _ancestors(normalize(path)))
+        if change.path.endswith(".py"):
+            found = source.pycache(change.package, change.path)
+            stale.update(found)
+            stale.update(bytecode_names(path))
+    for pyc in stale:
+        dir_paths.update("/" + a for a in _ancestors(normalize(pyc)))
+    entries = []
+    for d in sorted(dir_paths) if dirs else ():
+        meta = source.meta(d)
+        if meta is not None and meta.kind == "dir":
+            entries.append(Entry(d, "dir", mode=meta.mode, uid=meta.uid, gid=meta.gid))
+        elif meta is not None:
+            raise PatchkitError(f"{source.base.spec}: {d} is a {meta.kind}, not a directory")
+    return files, entries, sorted(stale)
+
+
+def _ancestors(name: str) -> list[str]:
+    out = []
+    while "/" in name:
+        name = name.rsplit("/", 1)[0]
+        out.append(name)
+    return out
+
+
+def bytecode_names(py_path: str) -> list[str]:
+    """The pyc names the image's interpreter would write for a module, from `pythonX.Y` in its path."""
+    m = re.search(r"/python(\d)\.(\d+)/", py_path)
+    if not m:
+        return []
+    folder, stem = posixpath.split(py_path[:-3])
+    tag = f"cpython-{m.group(1)}{m.group(2)}"
+    return [f"{folder}/__pycache__/{stem}.{tag}{opt}.pyc" for opt in ("", ".opt-1", ".opt-2")]

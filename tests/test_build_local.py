@@ -1,0 +1,190 @@
+"""The local-engine route (`patchkit build IMAGE --load`) with real components: podman's Docker-API service
+(started here, private storage), the realistic base (tests/realistic_base.py, scaled down) pulled into it
+from a real registry, the real patch set and image definitions. And the image metadata rules: a source
+label only for a URL people can open, the creation time from the commit when SOURCE_DATE_EPOCH is unset."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+from contextlib import contextmanager
+
+import git
+import pytest
+from engines import PodmanService
+from realistic_base import push_layout, realistic_layout
+from registry import free_port, make_base, push_base, registry_server, vllm_sdist  # noqa: F401
+
+from patchkit.errors import PatchFailed
+from patchkit.images.build import build
+from patchkit.images.engine import BYTECODE_STUB
+from patchkit.images.labels import build_epoch, git_source_url, public_url
+
+IMAGE = "glm53-flash-nvfp4-4p67"
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+SOURCE = "https://example.invalid/patchkit"
+EPOCH = 1_700_000_000
+SCALE = 0.001
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory):
+    """podman's Docker-API service on a private socket and storage; the test registry as insecure."""
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed (apt-get install podman): the --load route is not exercised")
+    service = PodmanService(tmp_path_factory.mktemp("podman"))
+    with service as url:
+        yield url
+    service.remove_storage()
+
+
+@pytest.fixture(scope="module")
+def client(podman):
+    import docker
+
+    return docker.DockerClient(base_url=podman, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def realistic(registry_server, client):
+    """The scaled realistic base in the registry and pulled into the engine; its pinned reference."""
+    made = realistic_layout(SCALE)
+    ref = push_layout(made, registry_server.host, "vllm/realistic")
+    client.api.pull(ref.split(":base@")[0], tag=made["manifest"])
+    return ref, made
+
+
+def run(tmp_path, **kw):
+    return build(IMAGE, revision=REVISION, source_url=SOURCE, epoch=EPOCH, quiet=True, cache=tmp_path / "cache", **kw)
+
+
+def read_back(client, image_id: str, path: str) -> tuple[tarfile.TarInfo, bytes]:
+    container = client.containers.create(image_id, command=["/x"], entrypoint=[])
+    try:
+        chunks, _ = container.get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            info = tar.next()
+            return info, tar.extractfile(info).read()
+    finally:
+        container.remove(force=True)
+
+
+@pytest.mark.registry
+def test_load_builds_from_the_engine_copy_moving_only_the_patched_files(realistic, client, podman, tmp_path):
+    ref, made = realistic
+    # The same digest under a registry nobody answers at: only the engine's copy can serve this build.
+    offline = f"127.0.0.1:{free_port()}/vllm/realistic@{made['manifest']}"
+    result = run(tmp_path / "load", base=offline, load=True, engine_url=podman)
+    assert result.route == "local-engine"
+    loaded = result.built
+    assert 0 < loaded.transferred < 1 << 20, loaded.transferred
+
+    # the same plan, files and labels as the daemonless build of the same base from the registry
+    daemonless = run(tmp_path / "daemonless", base=ref, dry_run=True).built
+    assert [(f.path, f.data, f.mode, f.uid, f.gid) for f in loaded.prepared.files] == \
+           [(f.path, f.data, f.mode, f.uid, f.gid) for f in daemonless.prepared.files]
+    assert loaded.version == daemonless.version and [p.id for p in loaded.prepared.carried] == \
+           [p.id for p in daemonless.prepared.carried]
+    assert {k: v for k, v in loaded.labels.items() if "base." not in k} == \
+           {k: v for k, v in daemonless.labels.items() if "base." not in k}
+    assert loaded.prepared.versions == {"vllm": "0.33.0", "flashinfer": "0.7.2.post1"}, "both read from the engine"
+
+    # the engine's image: the base's layers untouched, underneath; the patched files and stubs on top
+    base_attrs = client.images.get(ref.split(":base@")[0] + "@" + made["manifest"]).attrs
+    attrs = client.images.get(loaded.image_id).attrs
+    base_layers = base_attrs["RootFS"]["Layers"]
+    assert attrs["RootFS"]["Layers"][:len(base_layers)] == base_layers
+    assert attrs["Architecture"] == "arm64" and attrs["Config"]["Labels"]["dev.patchkit.series"] == \
+           loaded.labels["dev.patchkit.series"]
+    assert all(f"{k}={v}" in attrs["Config"]["Env"] for k, v in loaded.prepared.image.env.items())
+    for f in loaded.prepared.files:
+        info, data = read_back(client, loaded.image_id, f.path)
+        assert data == f.data != f.change.old
+        assert (info.mode & 0o7777, info.uid, info.gid) == (f.mode & 0o7777, f.uid, f.gid)
+    pyc = next(p for p in loaded.prepared.stale_bytecode if p.endswith(".cpython-312.pyc"))
+    assert read_back(client, loaded.image_id, pyc)[1] == BYTECODE_STUB
+    assert client.images.get(f"patchkit/{IMAGE}:{loaded.tag}").id == loaded.image_id
+
+
+def _drift(data: bytes, anchor: str) -> bytes:
+    half = len(anchor) // 2
+    return data.replace(anchor.encode(), (anchor[:half] + "  # drifted upstream\n" + anchor[half:]).encode())
+
+
+@pytest.mark.registry
+def test_load_asserts_every_anchor_on_the_engine_copy(registry_server, client, podman, tmp_path):
+    from patchkit.patching.patchset import load_patchset
+
+    patchset = load_patchset(os.path.join(os.path.dirname(__file__), "..", "patches"))
+    edit = next(e for e in patchset.patch("pool-topk-init").edits if e.action != "assert")
+    target = next(c for c in edit.candidates if c.startswith("models/"))
+    drifted = make_base(vllm_sdist(), tmp_path / "drifted",
+                        edit=lambda rel, data: _drift(data, edit.anchor) if rel == f"vllm/{target}" else data)
+    ref = push_base(drifted, registry_server.host, "drift/local")
+    client.api.pull(f"{registry_server.host}/drift/local", tag=drifted["index"], platform="linux/arm64")
+    before = {i.id for i in client.images.list()}
+    with pytest.raises(PatchFailed) as info:
+        build("glm53-flash-nvfp4", base=ref, load=True, engine_url=podman, quiet=True, revision=REVISION,
+              source_url=SOURCE, epoch=EPOCH)
+    assert "pool-topk-init" in str(info.value) and "anchor expected" in str(info.value)
+    assert {i.id for i in client.images.list()} == before, "nothing was built"
+    assert not client.containers.list(all=True), "the container the files were read from is gone"
+
+
+@pytest.mark.registry
+def test_load_without_the_base_in_the_engine_says_so_and_takes_the_engine_route(registry_server, podman, tmp_path,
+                                                                                 monkeypatch):
+    base = make_base(vllm_sdist(), tmp_path / "absent")
+    ref = push_base(base, registry_server.host, "absent/base")
+    notes = []
+
+    class Say:
+        def note(self, text):
+            notes.append(text)
+
+        @contextmanager
+        def task(self, description, total):
+            yield lambda n: None
+
+    monkeypatch.setattr("patchkit.images.build.Quiet", Say)
+    result = run(tmp_path, base=ref, load=True, engine_url=podman)
+    assert result.route == "engine" and result.engine_image
+    assert any(n.startswith("route: engine") and "not in the engine" in n for n in notes), notes
+
+
+# -- image metadata ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("url, public", [
+    ("https://github.com/owner/patchkit", "https://github.com/owner/patchkit"),
+    ("https://github.com/owner/patchkit.git", "https://github.com/owner/patchkit"),
+    ("https://user:token@github.com/owner/patchkit.git", "https://github.com/owner/patchkit"),
+    ("git@github.com:owner/patchkit.git", "https://github.com/owner/patchkit"),
+    ("ssh://git@gitlab.example.org/group/patchkit.git", "https://gitlab.example.org/group/patchkit"),
+    ("/srv/git/patchkit", None),
+    ("../patchkit", None),
+    ("file:///srv/git/patchkit", None),
+    ("C:\\src\\patchkit", None),
+    ("unknown", None),
+])
+def test_only_a_url_people_can_open_is_a_source_label(url, public):
+    assert public_url(url) == public
+
+
+def test_a_clone_of_a_local_directory_has_no_source_and_the_commit_time(tmp_path, monkeypatch):
+    upstream = git.Repo.init(tmp_path / "upstream")
+    (tmp_path / "upstream" / "f").write_text("x\n")
+    upstream.index.add(["f"])
+    when = "1772600767 +0000"  # 2026-03-04T05:06:07Z
+    upstream.index.commit("one", author_date=when, commit_date=when)
+    clone = git.Repo.clone_from(str(tmp_path / "upstream"), tmp_path / "clone")
+    monkeypatch.delenv("GITHUB_REPOSITORY", raising=False)
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    assert clone.remotes.origin.url == str(tmp_path / "upstream")
+    assert git_source_url(tmp_path / "clone") is None
+    assert build_epoch(None, tmp_path / "clone") == 1_772_600_767
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    assert build_epoch(None, tmp_path / "clone") == 1_700_000_000
+    assert build_epoch(None, tmp_path) == 1_700_000_000
+    monkeypatch.delenv("SOURCE_DATE_EPOCH")
+    assert build_epoch(None, tmp_path) == 0, "outside a checkout, and only there, 1970"

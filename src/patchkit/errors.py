@@ -1,12 +1,17 @@
-"""The two kinds of failure patchkit reports, each with its documented exit code.
+"""The kinds of failure patchkit reports, each with its documented exit code.
 
 Every error is meant to be read by a person: the message names the patch, the edit, the file, what was
 expected and what was found. Nothing catches these to carry on; they stop the run before any write.
+Exit 3 is kept for what patchkit did not expect (a bug): the command line reports it as an internal
+error with how to report it, never as a traceback on its own.
 """
+
+INTERNAL_ERROR_EXIT = 3
 
 
 class PatchkitError(Exception):
-    """Bad input or usage: malformed files, unknown names, unreachable sources (exit code 2)."""
+    """Bad input, usage or environment: malformed files, unknown names, unreachable sources, a target that
+    cannot be read or written (permissions, full or read-only disk, wrong kind of file) (exit code 2)."""
 
     exit_code = 2
 

@@ -11,7 +11,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from patchkit.errors import PatchFailed, PatchkitError
+from packaging.version import InvalidVersion, Version
+
+from patchkit.errors import INTERNAL_ERROR_EXIT, PatchFailed, PatchkitError
 from patchkit.patching.patchset import PatchSet, load_patchset
 
 console = Console()
@@ -52,8 +54,23 @@ def parse_assumed(values: tuple[str, ...]) -> dict[str, str]:
         package, sep, version = value.partition("=")
         if not sep or not package or not version:
             raise PatchkitError(f"--assume-version takes PACKAGE=VERSION, got {value!r}")
+        try:
+            Version(version)
+        except InvalidVersion:
+            raise PatchkitError(f"--assume-version {value}: {version!r} is not a version (e.g. vllm=0.30.0)") from None
         out[package] = version
     return out
+
+
+def refuse_if_out_of_every_range(plan) -> None:
+    """A tree (or an assumed version) outside every patch's range is not "already applied": exit 1."""
+    from patchkit.patching.planner import State
+
+    states = {r.state for r in plan.results}
+    if State.OUT_OF_RANGE in states and states <= {State.OUT_OF_RANGE, State.NOT_APPLICABLE}:
+        found = ", ".join(f"{k} {v}" for k, v in sorted(plan.versions.items()))
+        raise PatchFailed(f"no patch of the series applies to {found} ({plan.source}); "
+                          "see `patchkit list` for the ranges")
 
 
 def emit(as_json: bool, payload: dict, renderable=None) -> None:
@@ -64,15 +81,54 @@ def emit(as_json: bool, payload: dict, renderable=None) -> None:
 
 
 class PatchkitGroup(click.Group):
-    """Turns patchkit's errors into their exit codes with a one-paragraph message, never a traceback."""
+    """Turns every failure into its exit code and a one-paragraph message, never a traceback.
+
+    PatchkitError: its own code (1 a patch does not apply, 2 bad input or environment). An OSError or a
+    RecursionError that escaped the code that knows the path is still the environment's (exit 2).
+    Anything else is a bug: exit 3, "internal error", and how to report it. With --json the same failure
+    is also one JSON object on stdout.
+    """
+
+    def parse_args(self, ctx, args):
+        ctx.meta["patchkit.json"] = "--json" in args
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except PatchkitError as e:
-            err_console.print(f"[bold red]patchkit: {'patch failed' if isinstance(e, PatchFailed) else 'error'}:[/] ", end="")
-            err_console.print(str(e), markup=False, highlight=False, soft_wrap=True)
-            sys.exit(e.exit_code)
+            self._fail(ctx, e.exit_code, "patch failed" if isinstance(e, PatchFailed) else "error", str(e))
+        except click.exceptions.Exit:
+            raise
+        except click.ClickException as e:
+            if ctx.meta.get("patchkit.json"):
+                _json_failure(e.exit_code, "usage", e.format_message())
+            raise
+        except OSError as e:
+            where = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+            self._fail(ctx, 2, "error", f"{where or 'the file system'}: {e.strerror or e}")
+        except RecursionError:
+            self._fail(ctx, 2, "error", "an input file is nested too deeply to read (hostile or corrupt JSON?)")
+        except Exception as e:  # noqa: BLE001 - the last line of defence: a bug, reported as one
+            if os.environ.get("PATCHKIT_TRACEBACK"):
+                raise
+            self._fail(ctx, INTERNAL_ERROR_EXIT, "internal error",
+                       f"{type(e).__name__}: {e}\nThis is a bug in patchkit, not in your input. Please report it "
+                       "with the command line, `patchkit --version` and this message; run again with "
+                       "PATCHKIT_TRACEBACK=1 to include the traceback.")
+
+    @staticmethod
+    def _fail(ctx, code: int, kind: str, message: str):
+        if ctx.meta.get("patchkit.json"):
+            _json_failure(code, kind, message)
+        err_console.print(f"[bold red]patchkit: {kind}:[/] ", end="")
+        err_console.print(message, markup=False, highlight=False, soft_wrap=True)
+        sys.exit(code)
+
+
+def _json_failure(code: int, kind: str, message: str) -> None:
+    click.echo(json.dumps({"ok": False, "error": {"exit_code": code, "kind": kind, "message": message}},
+                          indent=2, sort_keys=True))
 
 
 series_option = click.option("--series", default=None, help="'full' (default) or an image name whose series to use.")

@@ -28,16 +28,17 @@ class State(StrEnum):
     UPSTREAMED = "upstreamed"
     BROKEN = "broken"
     OUT_OF_RANGE = "out-of-range"
+    MODIFIED = "modified"  # the patch's text is there, edited: neither applied nor pending
     NOT_APPLICABLE = "not-applicable"  # the package it patches is not in the source
 
 
-ERROR_STATES = (State.BROKEN, State.PARTIAL)
+ERROR_STATES = (State.BROKEN, State.PARTIAL, State.MODIFIED)
 
 
 @dataclass
 class EditResult:
     edit: Edit
-    state: str  # applied | pending | holds | broken | skipped
+    state: str  # applied | pending | holds | broken | modified
     path: str | None = None  # the candidate that exists
     found: int = 0
     lines: list[int] = field(default_factory=list)
@@ -64,7 +65,7 @@ class PatchResult:
         head = f"patch {self.patch.id}: {self.state}"
         if self.detail:
             head += f" ({self.detail})"
-        bad = [e for e in self.edits if e.state == "broken"]
+        bad = [e for e in self.edits if e.state in ("broken", "modified")]
         return "\n".join([head] + ["  " + e.describe().replace("\n", "\n  ") for e in bad])
 
 
@@ -259,6 +260,8 @@ def _patch_state(results: list[EditResult]) -> State:
     states = {r.state for r in results if r.state != "holds"}
     if "broken" in states:
         return State.BROKEN
+    if "modified" in states:
+        return State.MODIFIED
     if not states:  # assert-only: every invariant holds
         return State.APPLIED
     if states == {"applied"}:
@@ -285,6 +288,8 @@ def _evaluate_edit(edit: Edit, texts: _Texts, staged: dict, mode: str) -> EditRe
     inserts = edit.action != "replace"
     if n_applied == edit.count and (not inserts or n_anchor == edit.count):
         state = "applied"
+    elif (modified := _modified(edit, path, text, n_anchor, n_applied)) is not None:
+        return modified
     elif n_applied == 0 and n_anchor == edit.count:
         state = "pending"
     elif 0 < n_applied < edit.count and inserts:
@@ -300,6 +305,65 @@ def _evaluate_edit(edit: Edit, texts: _Texts, staged: dict, mode: str) -> EditRe
     elif mode == "revert" and state == "applied":
         staged[key] = text.replace(edit.applied_form, edit.anchor)
     return EditResult(edit, state, path, n_anchor, occurrence_lines(text, edit.anchor))
+
+
+# An inserted text this similar to what sits where it would go is the patch's text, edited (the stock
+# neighbours of every insert in the series score at most 0.55 on the releases it covers).
+INSERT_SIMILARITY = 0.75
+
+
+def _modified(edit: Edit, path: str, text: str, n_anchor: int, n_applied: int) -> EditResult | None:
+    """The edit's text is present but not byte-exact: a user edited patched code (never guessed through).
+
+    An insert whose anchor is intact but whose text, right beside it, is nearly the patch's text; or a
+    replacement whose anchor is gone and whose nearest region is closer to the patch's text than to the
+    anchor (an upstream drift is closer to the anchor: that stays "broken"). A line of the text that
+    carries the "patchkit" marker comment found there settles it either way.
+    """
+    if n_applied:
+        return None
+    markers = [line.strip() for line in edit.text.splitlines() if "patchkit" in line]
+    if edit.action in ("insert_after", "insert_before") and n_anchor == edit.count:
+        width = max(1, edit.text.count("\n"))
+        for start in _find_all(text, edit.anchor):
+            if edit.action == "insert_after":
+                region = "".join(text[start + len(edit.anchor):].splitlines(keepends=True)[:width])
+            else:
+                region = "".join(text[:start].splitlines(keepends=True)[-width:])
+            similarity = difflib.SequenceMatcher(None, edit.text, region, autojunk=False).ratio()
+            marked = any(m in (line.strip() for line in region.splitlines()) for m in markers)
+            if similarity >= INSERT_SIMILARITY or marked:
+                return _modified_result(edit, path, text, edit.text, region)
+        return None
+    if edit.action == "replace" and n_anchor == 0:
+        near = nearest_match(text, edit.text)
+        if near is None:
+            return None
+        to_anchor = difflib.SequenceMatcher(None, edit.anchor, near.region, autojunk=False).ratio()
+        marked = any(m in text for m in markers)
+        if marked or near.similarity > max(to_anchor, 0.5):
+            return _modified_result(edit, path, text, edit.text, near.region)
+    return None
+
+
+def _find_all(text: str, needle: str) -> list[int]:
+    found, start = [], 0
+    while (pos := text.find(needle, start)) != -1:
+        found.append(pos)
+        start = pos + max(len(needle), 1)
+    return found
+
+
+def _modified_result(edit: Edit, path: str, text: str, expected: str, region: str) -> EditResult:
+    start = text.find(region)
+    line = text.count("\n", 0, start) + 1 if start >= 0 else 0
+    diff = "".join(difflib.unified_diff(
+        expected.splitlines(keepends=True), region.splitlines(keepends=True),
+        fromfile="patch text (expected)", tofile=f"{edit.package}/{path} line {line} (found)",
+    )).rstrip("\n")
+    detail = (f"the patch's text is present at line {line} but not byte-exact (edited by hand?); "
+              f"patchkit will neither apply nor revert it: restore it or the original by hand\n{diff}")
+    return EditResult(edit, "modified", path, 0, [line] if line else [], detail)
 
 
 def _broken(edit: Edit, path: str, text: str, found: int, why: str) -> EditResult:

@@ -17,6 +17,7 @@ STYLES = {
     State.NOT_APPLICABLE: "dim",
     State.BROKEN: "bold red",
     State.PARTIAL: "bold red",
+    State.MODIFIED: "bold red",
 }
 
 
@@ -76,7 +77,7 @@ def plan_table(plan: Plan, *, labels: dict[State, str] | None = None) -> Table:
     for r in plan.results:
         label = labels.get(r.state, str(r.state))
         detail = r.detail
-        broken = [e.describe() for e in r.edits if e.state == "broken"]
+        broken = [e.describe() for e in r.edits if e.state in ("broken", "modified")]
         if broken:
             detail = "\n".join(([detail] if detail else []) + broken)
         table.add_row(r.patch.id, Text(label, style=STYLES[r.state]), detail)

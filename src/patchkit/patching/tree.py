@@ -1,162 +1,130 @@
-"""Writing a plan to a directory: all or nothing, even across a crash.
+"""Writing a plan into a directory tree: locked, journaled, all or nothing across any crash or fault.
 
-Each file is replaced atomically (temporary file beside it, fsync, rename, same mode). Between two
-replacements the tree is briefly half-patched, so before the first write a journal is made durable in
-`<target>/.patchkit-journal/`: every file's old and new sha256 and a copy of its old bytes. An error
-during the writes rolls the finished files back at once; a process killed mid-way leaves the journal,
-and the next patchkit run on that target rolls back before doing anything else. Nothing off the shelf
-does journaled multi-file replacement, hence this module.
+`open_target` is how every command reaches a tree: it locks the target (lock.py), finishes or undoes
+whatever an interrupted run left (journal.py), and yields a `Target` whose `write` applies a plan's
+changes through the journal. Nothing off the shelf does journaled multi-file replacement confined to a
+directory without following links, hence these modules.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import tempfile
+import contextlib
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
+from patchkit.patching import fsops, journal, lock
+from patchkit.patching.journal import JOURNAL_DIR, Entry, JournalError, Recovery, sha256
 from patchkit.patching.planner import FileChange, Plan
 
-JOURNAL_DIR = ".patchkit-journal"
+__all__ = ["JOURNAL_DIR", "Recovery", "Target", "open_target", "write_plan", "write_changes", "recover"]
 
 
-@dataclass(frozen=True)
-class Recovery:
-    rolled_back: list[str]
+@dataclass
+class Target:
+    path: Path  # resolved
+    root: fsops.Dir
+    recovery: Recovery | None
 
-    def describe(self) -> str:
-        return f"an interrupted run was found and rolled back ({len(self.rolled_back)} file(s) restored)"
+    def write_plan(self, source, plan: Plan) -> None:
+        """Write a plan's changes into the tree `source` (a DirectorySource over this target) reads."""
+        self.write([(source.package_root(c.package) / c.path, c) for c in plan.changes])
+
+    def write(self, files: list[tuple[Path, FileChange]]) -> None:
+        """Replace each file's bytes with change.new; after any fault every file is old or all are new."""
+        if files:
+            _transact(self.root, [(self.relative(path), change) for path, change in files])
+
+    def relative(self, path: Path) -> str:
+        """`path` relative to the target, as written (the package roots are resolved, so this has no link)."""
+        absolute = Path(path).absolute()
+        if not absolute.is_relative_to(self.path):
+            raise PatchkitError(f"{path} is outside the target {self.path}: patchkit writes only inside the "
+                                "target (was the package reached through a symbolic link? name the real directory)")
+        return journal.confined(absolute.relative_to(self.path).as_posix())
 
 
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+@contextlib.contextmanager
+def open_target(target: Path, *, wait: float = lock.DEFAULT_WAIT) -> Iterator[Target]:
+    """The target locked for this run, with any interrupted run's journal finished first."""
+    path = Path(target).resolve()
+    root = fsops.open_root(path)
+    try:
+        lock.acquire(root, wait)
+        yield Target(path, root, journal.recover(root))
+    finally:
+        root.close()  # closing the only descriptor drops the lock
 
 
 def write_plan(target: Path, source, plan: Plan) -> None:
-    """Write a plan's changes into the tree `source` (a DirectorySource) reads, journaled in `target`."""
-    write_changes(target, [(source.package_root(c.package) / c.path, c) for c in plan.changes])
+    """Lock `target`, recover it if needed, and write the plan (for callers that planned beforehand)."""
+    with open_target(target) as t:
+        t.write_plan(source, plan)
 
 
 def write_changes(target: Path, files: list[tuple[Path, FileChange]]) -> None:
-    """Replace each file's bytes with change.new; on any error every file is as it was."""
-    for path, change in files:
-        current = _read(path)
-        if current != change.old:
-            raise PatchkitError(f"{path} changed since it was read; nothing written, run again")
-    journal = target / JOURNAL_DIR
-    if journal.exists():
-        raise PatchkitError(f"{journal} exists: an earlier run was interrupted; run any patchkit command to recover")
-    _write_journal(journal, files)
-    done: list[tuple[Path, FileChange]] = []
-    try:
-        for path, change in files:
-            replace_file(path, change.new)
-            done.append((path, change))
-            _drop_stale_bytecode(path)
-    except BaseException:
-        for path, change in reversed(done):
-            replace_file(path, change.old)
-        _remove_journal(journal)
-        raise
-    _remove_journal(journal)
+    with open_target(target) as t:
+        t.write(files)
 
 
 def recover(target: Path) -> Recovery | None:
-    """Finish what a killed run left: roll every journaled file back to its old bytes."""
-    journal = target / JOURNAL_DIR
-    index = journal / "journal.json"
-    if not journal.exists():
-        return None
-    if not index.exists():  # killed while writing the journal itself: no target file was touched yet
-        _remove_journal(journal)
-        return Recovery([])
-    try:
-        entries = json.loads(index.read_text())["files"]
-    except (ValueError, KeyError) as e:
-        raise PatchkitError(f"{index} is unreadable ({e}); inspect the files it names by hand") from None
-    restored = []
-    for i, entry in enumerate(entries):
-        path = Path(entry["path"])
-        current = sha256(_read(path))
-        if current == entry["old"]:
-            continue
-        if current != entry["new"]:
+    with open_target(target) as t:
+        return t.recovery
+
+
+def _transact(root: fsops.Dir, files: list[tuple[str, FileChange]]) -> None:
+    entries = [_checked(root, relative, change) for relative, change in files]
+    log, intent = journal.begin(root, entries)
+    with log:
+        prepared: list[Entry] = []
+        try:
+            for entry, (_, change) in zip(entries, files, strict=True):
+                parent, _ = fsops.walk(root, entry.path)
+                with parent:
+                    prepared.append(entry)  # first: a copy whose writing fails half-way is removed too
+                    fsops.create(parent, entry.new_copy, change.new, entry.mode)
+                    fsops.fsync_dir(parent)
+            journal.commit(log, intent)
+        except BaseException as error:
+            _abandon(root, log, prepared, error)
+            raise
+        # Committed: from here every fault leaves a journal the next run rolls forward.
+        try:
+            journal.roll_forward(root, entries)
+            journal.finish(root, log)
+        except PatchkitError as error:
             raise PatchkitError(
-                f"{path} is neither its pre-run nor its patched content (sha256 {current}); "
-                f"the journal in {journal} is kept for manual recovery"
-            )
-        old = (journal / f"{i}.old").read_bytes()
-        if sha256(old) != entry["old"]:
-            raise PatchkitError(f"journal copy of {path} is corrupt; kept {journal} for manual recovery")
-        replace_file(path, old)
-        restored.append(str(path))
-    _remove_journal(journal)
-    return Recovery(restored)
+                f"{error}\nThe write was committed: {root.at(JOURNAL_DIR)} holds it, and the next patchkit "
+                "command on this target finishes it (every file becomes new; none is left half-written)"
+            ) from None
 
 
-def replace_file(path: Path, data: bytes) -> None:
-    """Atomic replacement keeping the file's mode: temp file in the same directory, fsync, rename."""
-    mode = path.stat().st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".patchkit-tmp")
+def _abandon(root: fsops.Dir, log: fsops.Dir, prepared: list[Entry], error: BaseException) -> None:
+    """Before the commit: remove what was made. If that fails too, recovery does it on the next run."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+        journal.discard_copies(root, prepared)
+        journal.finish(root, log)
+    except PatchkitError:
+        if isinstance(error, PatchkitError):
+            error.args = (f"{error}\nNo file was changed; the next patchkit command on this target removes "
+                          f"the unfinished copies and {root.at(JOURNAL_DIR)}",)
 
 
-def _write_journal(journal: Path, files: list[tuple[Path, FileChange]]) -> None:
-    journal.mkdir()
-    entries = []
-    for i, (path, change) in enumerate(files):
-        _write_durable(journal / f"{i}.old", change.old)
-        entries.append({"path": str(path), "old": sha256(change.old), "new": sha256(change.new)})
-    # journal.json is written last: its presence means every old copy is durable.
-    _write_durable(journal / "journal.json.tmp", json.dumps({"files": entries}, indent=1).encode())
-    os.replace(journal / "journal.json.tmp", journal / "journal.json")
-    _fsync_dir(journal)
-
-
-def _write_durable(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _remove_journal(journal: Path) -> None:
-    for child in journal.iterdir():
-        child.unlink()
-    journal.rmdir()
-    _fsync_dir(journal.parent)
-
-
-def _drop_stale_bytecode(path: Path) -> None:
-    """A .pyc whose recorded mtime and size happen to match must never shadow the patched source."""
-    if path.suffix == ".py":
-        for pyc in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
-            pyc.unlink(missing_ok=True)
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise PatchkitError(f"{path} disappeared; nothing written") from None
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _checked(root: fsops.Dir, relative: str, change: FileChange) -> Entry:
+    """The file is a regular file reached without links and still holds what was planned from."""
+    parent, name = fsops.walk(root, relative)
+    with parent:
+        current, mode = fsops.read_file(parent, name)
+        if current != change.old:
+            raise PatchkitError(f"{parent.at(name)} changed since it was read; nothing written, run again")
+        leftover = journal.new_copy_name(name)
+        if fsops.lstat(parent, leftover) is not None:
+            raise JournalError(f"{parent.at(leftover)} exists but no journal names it: it is not patchkit's "
+                               "to remove; inspect it and remove it by hand")
+        cache = fsops.lstat(parent, "__pycache__")
+        if cache is not None and not stat.S_ISDIR(cache.st_mode):
+            raise PatchkitError(f"{parent.at('__pycache__')} is {fsops.kind(cache.st_mode)}, not a directory: "
+                                "refusing to patch beside it")
+    return Entry(relative, sha256(change.old), sha256(change.new), mode)

@@ -19,6 +19,9 @@ def render(patchset: PatchSet) -> str:
         parts.append(f"| {i} | [{p.id}](#{p.id}) | {ranges} | {_upstream(p.upstream)} | {p.origin['license']} |")
     for p in patchset.series():
         parts.append(f"\n## {p.id}\n\n**{p.title}**\n\n{p.why.strip()}\n")
+        for heading, text in (("Evidence", p.evidence), ("Test", p.test), ("Drop when", p.drop_when)):
+            if text:
+                parts.append(f"**{heading}.** {text.strip()}\n")
         parts.append(f"- origin: {p.origin['author']} <{p.origin['url']}> ({p.origin['license']})")
         parts.append(f"- upstream: {_upstream(p.upstream)}")
         parts.append("- applies to: " + "; ".join(f"{pkg} `{spec}`" for pkg, spec in p.ranges.items()))

@@ -16,6 +16,14 @@ from patchkit.variants.preflight import GB10_MEMORY_GIB, preflight
 from patchkit.variants.smoke.cpu import LAYOUTS, REAL_DIMS, TINY_DIMS, write_header_set
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
+DATA = Path(__file__).parent / "data" / "quant-configs"
+REDHAT_QC = json.loads((DATA / "redhat-quantization_config.json").read_text())
+
+
+def with_quantization_config(quant: dict):
+    return lambda config: config.__setitem__("quantization_config", quant)
+
+
 
 
 def unpinned(name: str, **checkpoint_changes):
@@ -40,9 +48,17 @@ def make(tmp_path: Path, layout_name: str, dims=TINY_DIMS, edit_config=None, **l
     return root
 
 
+def real_layout(name: str) -> dict:
+    """The synthetic layout where it matches the checkpoint; redhat's is rebuilt on its published config
+    (NVFP4 on the routed experts only)."""
+    if name != "redhat":
+        return {}
+    return {"storage": {"routed_expert": "NVFP4-CT"}, "edit_config": with_quantization_config(REDHAT_QC)}
+
+
 @pytest.mark.parametrize("name", ["lab", "4p67", "nvidia-nvfp4", "redhat", "libertai"])
 def test_every_variant_layout_passes(tmp_path, name):
-    root = make(tmp_path, name)
+    root = make(tmp_path, name, **real_layout(name))
     report = preflight(root, unpinned(name), **pins_of(root))
     assert report.ok, report.problems
     assert report.patches["checkpoint"] == sorted(find_variant(name, IMAGES).patches)
@@ -91,7 +107,7 @@ def test_4p67_needs_packed_modules_for_its_attention(tmp_path):
 
 
 def test_redhat_with_mtp_weights_contradicts_the_variant(tmp_path):
-    root = make(tmp_path, "redhat", has_mtp=True)
+    root = make(tmp_path, "redhat", has_mtp=True, **real_layout("redhat"))
     report = preflight(root, unpinned("redhat"), **pins_of(root))
     assert "variant says no MTP weights, but the checkpoint has tensors under layers [45]" in report.problems
 
@@ -143,3 +159,98 @@ def test_variant_is_detected_from_its_pins(tmp_path):
     (images / "glm53-flash-nvidia-nvfp4" / "variant.toml").write_text(text)
     report = preflight(root, images_dir=images)
     assert report.variant == "nvidia-nvfp4" and report.ok
+
+
+# ---------------------------------------------------------------- the real RedHat layout (compressed-tensors)
+
+def test_redhat_mixed_precision_layout_passes_group_by_group(tmp_path):
+    """`format: mixed-precision` with an NVFP4 group on the routed experts of layers 3-44: the experts
+    are NVFP4, the dense MLP and shared experts unquantized. Forcing the top-level format per module
+    (the old reading) would have demanded NVFP4 of every quantizable module."""
+    root = make(tmp_path, "redhat", storage={"routed_expert": "NVFP4-CT"}, edit_config=with_quantization_config(REDHAT_QC))
+    report = preflight(root, unpinned("redhat"), **pins_of(root))
+    assert report.ok, report.problems
+    assert report.declared["quant_algo"] == "mixed-precision" and report.declared["source"] == "config.json"
+    # The same config with a dense MLP stored NVFP4: no group targets it, so vLLM builds it unquantized.
+    root2 = make(tmp_path / "b", "redhat", storage={"routed_expert": "NVFP4-CT", "dense_mlp": "NVFP4-CT"},
+                 edit_config=with_quantization_config(REDHAT_QC))
+    problems = preflight(root2, unpinned("redhat"), **pins_of(root2)).problems
+    assert any("main dense_mlp module(s) stored NVFP4-CT but vLLM 0.33 builds them unquantized" in p for p in problems)
+
+
+def test_compressed_tensors_ignore_and_fused_shards(tmp_path):
+    from patchkit.variants.quant_config import CompressedTensors
+
+    quant = {"format": "nvfp4-pack-quantized", "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float"}}},
+             "ignore": ["re:.*shared_experts.*", "model.language_model.layers.0.mlp.gate_proj"]}
+    ct = CompressedTensors(quant, "test")
+    assert ct.target_of("language_model.model.layers.3.mlp.shared_experts.down_proj", "RowParallelLinear") is None
+    assert ct.target_of("language_model.model.layers.1.mlp.down_proj", "RowParallelLinear") == "Linear"
+    # gate_proj ignored (its layer-path entry mapped to vLLM's name) but up_proj not: vLLM refuses the fused layer
+    with pytest.raises(PatchkitError, match="some of its fused shards are ignored"):
+        ct.target_of("language_model.model.layers.0.mlp.gate_up_proj", "MergedColumnParallelLinear")
+    assert ct.moe_scheme("language_model.model.layers.3.mlp.experts")["group"] == "g"  # Linear -> RoutedExperts
+
+
+@pytest.mark.vllm
+def test_the_mirror_matches_vllms_own_resolution_on_the_real_config():
+    """vLLM's own functions on the same config: which target (or none) each layer of the model gets."""
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+        CompressedTensorsConfig,
+    )
+    from vllm.model_executor.layers.quantization.compressed_tensors.utils import (
+        find_matched_target,
+        should_ignore_layer,
+    )
+    from vllm.model_executor.models.glm4_1v import Glm4vForConditionalGeneration
+
+    from patchkit.variants.quant_config import PACKED_MODULES, CompressedTensors
+
+    extra = {"re:.*shared_experts.*": None}
+    for quant in (REDHAT_QC, {**REDHAT_QC, "ignore": [*REDHAT_QC["ignore"], *extra, "model.language_model.layers.1.mlp.gate_proj",
+                                                      "model.language_model.layers.1.mlp.up_proj"]}):
+        theirs = CompressedTensorsConfig.from_config(json.loads(json.dumps(quant)))
+        theirs.apply_vllm_mapper(Glm4vForConditionalGeneration.hf_to_vllm_mapper)
+        theirs._add_fused_moe_to_target_scheme_map()
+        ours = CompressedTensors(quant, "test")
+        layers = []
+        for i in range(46):
+            base = f"language_model.model.layers.{i}.mlp" if i < 45 else f"model.layers.{i}.mlp"
+            layers += [(f"{base}.experts.0.{p}", "RoutedExperts") for p in ("gate_proj", "up_proj", "down_proj")]
+            layers += [(f"{base}.gate_up_proj", "MergedColumnParallelLinear"), (f"{base}.down_proj", "RowParallelLinear"),
+                       (f"{base}.shared_experts.down_proj", "RowParallelLinear")]
+        layers.append(("language_model.lm_head", "ParallelLMHead"))
+        for name, cls in layers:
+            module = type(cls, (), {})()
+            want = None if should_ignore_layer(name, theirs.ignore, PACKED_MODULES) else find_matched_target(
+                name, module, theirs.target_scheme_map.keys(), PACKED_MODULES)
+            assert ours.target_of(name, cls) == want, name
+
+
+def test_modelopt_mixed_reads_its_layer_table_from_hf_quant_config_json(tmp_path):
+    """vLLM's get_quant_config: a modelopt_mixed config.json table without quantized_layers falls through
+    to the checkpoint's one hf_quant_config.json ({"producer": ..., "quantization": {...}})."""
+    moved = {}
+
+    def split(config):
+        quant = config["quantization_config"]
+        moved.update(quant)
+        config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}
+
+    root = make(tmp_path, "lab", edit_config=split)
+    nested = {"producer": {"name": "modelopt", "version": "0.47.0"},
+              "quantization": {k: v for k, v in moved.items() if k not in ("quant_method", "ignore")}
+              | {"exclude_modules": moved.get("ignore", [])}}
+    (root / "hf_quant_config.json").write_text(json.dumps(nested))
+    report = preflight(root, unpinned("lab"), **pins_of(root))
+    assert report.ok, report.problems
+    assert report.declared["source"] == "hf_quant_config.json"
+    assert report.identity["hf_quant_config_sha256"] == sha256_bytes((root / "hf_quant_config.json").read_bytes())
+    assert any("which no pin covers" in n for n in report.notes)
+
+    (root / "hf_quant_config.json").write_text(json.dumps({**nested, "producer": {"name": "other"}}))
+    with pytest.raises(PatchkitError, match="producer.name is not 'modelopt'"):
+        preflight(root, unpinned("lab"), **pins_of(root))
+    (root / "hf_quant_config.json").unlink()
+    with pytest.raises(PatchkitError, match=r"no quantization_config with quantized_layers.*hf_quant_config.json \(found none\)"):
+        preflight(root, unpinned("lab"), **pins_of(root))

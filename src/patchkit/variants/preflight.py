@@ -11,7 +11,6 @@ the pinned KV pool. The mirror is a fast offline check; `smoke --cpu` runs vLLM'
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
@@ -31,6 +30,7 @@ from patchkit.variants.checkpoint import (
 )
 from patchkit.variants.definitions import Variant, load_variants, resolve_pins
 from patchkit.variants.mtp_ignore import extended_quantization_config
+from patchkit.variants.quant_config import CompressedTensors, ct_algo, read_quant_config
 
 GIB = 1024**3
 GB10_MEMORY_GIB = 121.63  # unified memory per DGX Spark node
@@ -56,7 +56,11 @@ ACCEPTS = {
     "FP8": {"FP8"},
     "FP8_PB_WO": {"FP8-BLOCK"},
     "nvfp4-pack-quantized": {"NVFP4-CT"},
+    "float-quantized": {"FP8"},  # compressed-tensors FP8 (a weight and its F32 scale)
 }
+# The vLLM module class a checkpoint module loads into, for compressed-tensors' class-name targets.
+_CT_CLASS = {"gate_proj": "MergedColumnParallelLinear", "up_proj": "MergedColumnParallelLinear",
+             "down_proj": "RowParallelLinear", "lm_head": "ParallelLMHead"}
 
 
 @dataclass
@@ -148,15 +152,14 @@ def _modelopt_excluded(prefix: str, excludes: list[str]) -> bool:
     return any(fnmatchcase(prefix, e) for e in excludes)
 
 
-def _ct_ignored(name: str, prefix: str, ignore: list[str]) -> bool:
-    """compressed-tensors ignore: `re:` entries match by regex, plain ones by name or last component."""
-    for entry in ignore:
-        if entry.startswith("re:"):
-            if re.match(entry[3:], name) or re.match(entry[3:], prefix):
-                return True
-        elif entry in (name, prefix) or name.endswith("." + entry) or prefix.endswith("." + entry):
-            return True
-    return False
+def _ct_algo(ct: CompressedTensors, m: Module, prefix: str) -> str | None:
+    """What compressed-tensors builds for checkpoint module `m` (vLLM-side `prefix`)."""
+    if m.kind == "routed_expert":
+        return ct_algo(ct.moe_scheme(prefix))
+    last = prefix.rsplit(".", 1)[-1]
+    if last in ("gate_proj", "up_proj"):
+        prefix = prefix[: -len(last)] + "gate_up_proj"  # vLLM's fused layer, resolved through its shards
+    return ct_algo(ct.scheme(prefix, _CT_CLASS.get(last, "Linear")))
 
 
 def _vllm_module(module: Module) -> str:
@@ -169,16 +172,17 @@ def _vllm_module(module: Module) -> str:
 # ---------------------------------------------------------------- checks
 
 
-def _expected_algo(variant: Variant, quant: dict, inv: Inventory, m: Module, excludes: list[str]) -> tuple[str | None, str | None]:
+def _expected_algo(variant: Variant, quant: dict, inv: Inventory, m: Module, excludes: list[str],
+                   ct: CompressedTensors | None = None) -> tuple[str | None, str | None]:
     """(algorithm vLLM will build module `m` with, patch it needs for that) under the declared config."""
     mtp = inv.is_mtp(m)
     prefix = _vllm_prefix(_vllm_module(m), mtp)
     fmt = variant.checkpoint.format
     algo = variant.checkpoint.quant_algo.upper()
     if fmt == "compressed-tensors":
-        if m.kind not in QUANTIZED_KINDS or _ct_ignored(m.name, prefix, quant.get("ignore", [])):
+        if m.kind not in QUANTIZED_KINDS or ct is None:
             return None, None
-        return variant.checkpoint.quant_algo, None
+        return _ct_algo(ct, m, prefix), None
     if algo == "MIXED_PRECISION":
         layers = quant.get("quantized_layers") or {}
         entry = layers.get(m.name)
@@ -209,10 +213,11 @@ def _check_layout(variant: Variant, quant: dict, inv: Inventory, excludes: list[
     """Mismatches grouped by (kind, part, stored, built) and the patches quantized modules need."""
     mismatches: dict[tuple, list[str]] = defaultdict(list)
     needs: dict[str, set[str]] = defaultdict(set)
+    ct = CompressedTensors(quant, "quantization_config") if variant.checkpoint.format == "compressed-tensors" else None
     for m in inv.modules.values():
         if m.format in ("F32", "other") and not any(t.rsplit(".", 1)[-1] in LINEAR_PARAMS for t in m.tensors):
             continue  # bare parameters, norms, taps: never quantized
-        algo, patch = _expected_algo(variant, quant, inv, m, excludes)
+        algo, patch = _expected_algo(variant, quant, inv, m, excludes, ct)
         stored_quantized = m.format not in ("BF16", "F16", "F32")
         part = "mtp" if inv.is_mtp(m) else "main"
         if algo is None:
@@ -270,9 +275,8 @@ def preflight(
     text = config.get("text_config", config)
     if not isinstance(text, dict):
         raise PatchkitError(f"{root / CONFIG}: text_config is not an object")
-    quant = config.get("quantization_config")
-    if not isinstance(quant, dict):
-        raise PatchkitError(f"{root / CONFIG}: no quantization_config object")
+    source = read_quant_config(root, config, variant.quantization)
+    quant = source.config
     declared_algo = quant.get("quant_algo") or quant.get("format")
     want = variant.checkpoint
     if quant.get("quant_method") != want.format or str(declared_algo).upper() != want.quant_algo.upper():
@@ -287,6 +291,8 @@ def preflight(
 
     problems: list[str] = []
     notes: list[str] = []
+    if source.sha256:
+        notes.append(f"vLLM reads the layer table from {source.source} (sha256 {source.sha256}), which no pin covers")
     excludes = _mapped_excludes(list(quant.get("ignore", quant.get("exclude_modules", [])) or []))
     mismatches, needs = _check_layout(variant, quant, inv, excludes)
 
@@ -342,8 +348,10 @@ def preflight(
         variant=variant.name,
         root=str(root),
         tp=tp,
-        identity={"config_sha256": verified.config_sha256, "index_sha256": verified.index_sha256},
-        declared={"format": want.format, "quant_algo": str(declared_algo), "vllm_method": variant.quantization},
+        identity={"config_sha256": verified.config_sha256, "index_sha256": verified.index_sha256,
+                  **({"hf_quant_config_sha256": source.sha256} if source.sha256 else {})},
+        declared={"format": want.format, "quant_algo": str(declared_algo), "vllm_method": variant.quantization,
+                  "source": source.source},
         tensors=inv.tensor_count,
         total_gib=inv.total_bytes / GIB,
         header_only_shards=inv.header_only_shards,

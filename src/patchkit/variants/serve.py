@@ -17,6 +17,7 @@ from patchkit.errors import PatchkitError
 from patchkit.variants.checkpoint import VerifiedCheckpoint, verify_identity
 from patchkit.variants.definitions import Variant, resolve_pins
 from patchkit.variants.mtp_ignore import hf_overrides
+from patchkit.variants.quant_config import read_quant_config
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,7 @@ class ServeCommand:
 
 def _check_config_matches(variant: Variant, checkpoint: VerifiedCheckpoint) -> None:
     """The verified config must declare the layout the variant says: else this is another checkpoint."""
-    quant = checkpoint.config.get("quantization_config")
-    if not isinstance(quant, dict):
-        raise PatchkitError(f"{checkpoint.root}/config.json: no quantization_config object")
+    quant = read_quant_config(checkpoint.root, checkpoint.config, variant.quantization).config
     method, algo = quant.get("quant_method"), quant.get("quant_algo") or quant.get("format")
     want = variant.checkpoint
     if method != want.format or str(algo).upper() != want.quant_algo.upper():

@@ -56,10 +56,14 @@ class WheelManifest:
             elif current.digest == patch.digest:
                 against = "same content as this patch set"
             else:
-                against = f"this patch set's {patch.id} has changed since (now {current.digest[:12]})"
-            lines.append(f"  carries {patch.id} {patch.digest[:12]}: {against}")
+                against = f"this patch set's {patch.id} has changed since (now {_short(current.digest)})"
+            lines.append(f"  carries {patch.id} {_short(patch.digest)}: {against}")
         lines += [f"  left out {p.id}: {p.note}" for p in self.skipped]
         return lines
+
+
+def _short(digest: str) -> str:
+    return digest.removeprefix("sha256:")[:12]
 
 
 def installed_manifests(site: Path) -> list[tuple[Path, WheelManifest]]:
@@ -71,3 +75,10 @@ def installed_manifests(site: Path) -> list[tuple[Path, WheelManifest]]:
         except (OSError, ValueError, TypeError, KeyError) as error:
             raise PatchkitError(f"{path} is not a readable patched-wheel record ({error})") from None
     return found
+
+
+def installed_report(site: Path, known: dict[str, Patch]) -> tuple[list[dict], list[str]]:
+    """For `patchkit status`: the records of the patched wheels installed in `site` (JSON), and lines for people."""
+    found = installed_manifests(site)
+    return ([{"record": str(path)} | asdict(m) for path, m in found],
+            [line for _, m in found for line in m.describe(known)])

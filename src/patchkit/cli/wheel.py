@@ -1,0 +1,87 @@
+"""`patchkit wheel build` and `patchkit wheel index`: patched vLLM wheels and the static index pip reads.
+
+cli/main.py registers the group; its PatchkitGroup turns PatchFailed (a series that does not apply:
+no wheel written) into exit 1 and every other PatchkitError into exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from patchkit import PINNED_VLLM
+from patchkit.cli.common import console, default_dir, err_console, json_option, load_series, patches_option
+
+PLATFORMS = ("aarch64", "x86_64")
+
+
+@click.group("wheel")
+def wheel_group() -> None:
+    """Patched vLLM wheels: pip-installable without Docker (the Spark is aarch64)."""
+
+
+@wheel_group.command("build")
+@click.option("--vllm", "version", default=PINNED_VLLM, show_default=True, help="vLLM release whose wheel to patch.")
+@click.option("--series", "series_names", multiple=True, metavar="NAME",
+              help="'full' or an image name whose series to apply. Repeatable. Default: every image's series.")
+@click.option("--platform", "platforms", multiple=True, type=click.Choice(PLATFORMS),
+              help="manylinux wheel to patch. Repeatable. Default: both.")
+@click.option("--output", type=click.Path(path_type=Path, file_okay=False), default=Path("dist/wheels"),
+              show_default=True, help="Folder the wheels are written to.")
+@patches_option
+@json_option
+def build_cmd(version, series_names, platforms, output, patches_dir, as_json):
+    """Patch the release's wheel with each series; write `vllm-VERSION+glm53.HASH-...whl`, reproducibly."""
+    from patchkit.wheels.build import build_wheel
+    from patchkit.wheels.release import release_wheel
+
+    patches_dir = patches_dir or default_dir("patches", "PATCHKIT_PATCHES")
+    images = default_dir("images", "PATCHKIT_IMAGES")
+    names = series_names or tuple(sorted(p.parent.name for p in images.glob("*/image.toml")))
+    built = []
+    for arch in platforms or PLATFORMS:
+        release = release_wheel(version, arch, progress=err_console.is_terminal)
+        for name in names:
+            _, patches = load_series(patches_dir, name)
+            result = build_wheel(release, patches, name, output)
+            built.append(result.summary())
+            err_console.print(f"{name} ({arch}): {result.path.name}")
+    if as_json:
+        click.echo(json.dumps(built, indent=2, sort_keys=True))
+    else:
+        console.print(_table(built))
+
+
+def _table(built: list[dict]):
+    from rich.table import Table
+
+    table = Table(title="patched wheels", title_justify="left")
+    for column in ("series", "version", "wheel", "sha256", "patches"):
+        table.add_column(column, overflow="fold")
+    for b in built:
+        table.add_row(b["series"], b["version"], Path(b["wheel"]).name, b["sha256"][:16], ", ".join(b["patches"]))
+    return table
+
+
+@wheel_group.command("index")
+@click.argument("wheels", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--output", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Folder for simple/ and index.html (default: WHEELS itself).")
+@click.option("--base-url", metavar="URL",
+              help="Where the wheels are downloaded from (e.g. a release's asset URL); default: beside the pages.")
+@json_option
+def index_cmd(wheels, output, base_url, as_json):
+    """A static index of the wheels in WHEELS (PEP 503 pages with sha256, PEP 691 JSON beside them)."""
+    from patchkit.wheels.index import write_index
+
+    out = output or wheels
+    found = write_index(wheels, out, base_url)
+    listing = [{"filename": w.filename, "version": w.version, "sha256": w.sha256} for w in found]
+    if as_json:
+        click.echo(json.dumps({"index": str(out / "simple"), "wheels": listing}, indent=2, sort_keys=True))
+    else:
+        console.print(f"{out / 'simple'}: {len(found)} wheel(s)")
+        for w in listing:
+            console.print(f"  vllm=={w['version']}  {w['filename']}")

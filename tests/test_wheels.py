@@ -1,0 +1,191 @@
+"""Patched wheels from vLLM 0.33.0's real x86_64 wheel (the package index's file, cached after one download).
+
+Everything the wheel claims is checked from outside the writer: the RECORD by hashing each member read
+with zipfile, the contents against the planner's own plan on the release wheel, the bytes of two builds,
+and the install by pip itself into a fresh environment through the static index, where the patch
+behaviour tests then run against the installed package.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from patchkit import __version__
+from patchkit.cli.main import main
+from patchkit.errors import PatchFailed
+from patchkit.patching import planner
+from patchkit.patching.patchset import load_patchset
+from patchkit.sources.wheel import WheelSource
+from patchkit.wheels.build import build_wheel
+from patchkit.wheels.index import write_index
+from patchkit.wheels.release import release_wheel
+
+pytestmark = [pytest.mark.network, pytest.mark.vllm]
+
+REPO = Path(__file__).resolve().parents[1]
+VERSION = "0.33.0"
+# Behaviour tests run against the installed wheel: the MTP draft's quant config and 4p67's fused projections.
+BEHAVIOUR = ("test_modelopt_mtp_namespace.py", "test_packed_modules_4p67.py")
+
+
+@pytest.fixture(scope="module")
+def release() -> Path:
+    return release_wheel(VERSION, "x86_64", progress=False)
+
+
+@pytest.fixture(scope="module")
+def series():
+    return load_patchset(REPO / "patches").series()
+
+
+@pytest.fixture(scope="module")
+def built(release, series, tmp_path_factory):
+    return build_wheel(release, series, "full", tmp_path_factory.mktemp("wheels"))
+
+
+def members(path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as archive:
+        assert archive.testzip() is None  # every member's CRC
+        return {info.filename: archive.read(info) for info in archive.infolist()}
+
+
+def test_every_record_row_matches_its_member(built):
+    files = members(built.path)
+    dist_info = f"vllm-{built.manifest.version}.dist-info"
+    rows = list(csv.reader(io.StringIO(files[f"{dist_info}/RECORD"].decode())))
+    assert sorted(r[0] for r in rows) == sorted(files), "RECORD lists every member exactly once"
+    for name, algorithm_hash, size in rows:
+        if name == f"{dist_info}/RECORD":
+            assert (algorithm_hash, size) == ("", "")
+            continue
+        digest = base64.urlsafe_b64encode(hashlib.sha256(files[name]).digest()).rstrip(b"=").decode()
+        assert (algorithm_hash, size) == (f"sha256={digest}", str(len(files[name]))), name
+
+
+def test_the_changes_are_exactly_the_planners_plan(release, series, built):
+    plan = planner.plan(series, WheelSource(release))
+    assert plan.ok and plan.changes
+    before, after = members(release), members(built.path)
+    old_info, new_info = f"vllm-{VERSION}.dist-info/", f"vllm-{built.manifest.version}.dist-info/"
+    renamed = {(new_info + n.removeprefix(old_info) if n.startswith(old_info) else n): data
+               for n, data in before.items()}
+    assert set(after) - set(renamed) == {new_info + "patchkit.json"}
+    assert set(renamed) == set(after) - {new_info + "patchkit.json"}
+    changed = {n for n in renamed if not n.startswith(new_info) and renamed[n] != after[n]}
+    assert changed == {f"{c.package}/{c.path}" for c in plan.changes}
+    for change in plan.changes:
+        assert after[f"{change.package}/{change.path}"] == change.new
+    # The unified diff of the two wheels' package files is the series' diff.
+    diff = "".join(planner.FileChange("vllm", n.removeprefix("vllm/"), renamed[n], after[n]).unified_diff()
+                   for n in sorted(changed))
+    assert diff == plan.diff()
+    # Metadata: the version, the generator and the record; nothing else.
+    for name in ("METADATA", "WHEEL"):
+        old, new = renamed[new_info + name].decode().splitlines(), after[new_info + name].decode().splitlines()
+        assert [(a, b) for a, b in zip(old, new, strict=True) if a != b] == (
+            [(f"Version: {VERSION}", f"Version: {built.manifest.version}")] if name == "METADATA"
+            else [("Generator: setuptools (80.10.2)", f"Generator: patchkit {__version__}")])
+    record = json.loads(after[new_info + "patchkit.json"])
+    carried = [(r.patch.id, r.patch.digest) for r in plan.results if r.state in ("not-applied", "applied")]
+    assert [(p["id"], p["digest"]) for p in record["patches"]] == carried
+    assert {p["id"]: p["state"] for p in record["skipped"]} == {
+        r.patch.id: r.state for r in plan.results if r.state in ("upstreamed", "not-applicable")}
+
+
+def test_compiled_extensions_are_copied_byte_for_byte(release, built):
+    with zipfile.ZipFile(release) as old, zipfile.ZipFile(built.path) as new:
+        shared = [i for i in old.infolist() if i.filename.endswith(".so")]
+        assert len(shared) >= 10
+        for info in shared:
+            copy = new.getinfo(info.filename)
+            assert (copy.CRC, copy.compress_size, copy.compress_type) == (
+                info.CRC, info.compress_size, info.compress_type)
+            assert old.read(info) == new.read(copy)
+
+
+def test_two_builds_give_the_same_wheel(release, series, built, tmp_path):
+    again = build_wheel(release, series, "full", tmp_path)
+    assert again.path.name == built.path.name
+    assert again.sha256 == built.sha256 == hashlib.sha256(built.path.read_bytes()).hexdigest()
+
+
+def test_a_series_that_does_not_apply_writes_no_wheel(release, tmp_path):
+    patches = shutil.copytree(REPO / "patches", tmp_path / "patches")
+    toml = patches / "modelopt-mtp-namespace" / "patch.toml"
+    anchor = "        return tuple(dict.fromkeys(candidates))"
+    assert toml.read_text().count(anchor) == 1
+    toml.write_text(toml.read_text().replace(anchor, anchor.replace("candidates", "names")))  # upstream drifted
+    out = tmp_path / "out"
+    with pytest.raises(PatchFailed, match="modelopt-mtp-namespace"):
+        build_wheel(release, load_patchset(patches).series(), "full", out)
+    assert not out.exists()  # not even the folder: the plan fails before anything is written
+    result = CliRunner().invoke(main, ["wheel", "build", "--series", "full", "--platform", "x86_64",
+                                       "--patches", str(patches), "--output", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "modelopt-mtp-namespace" in result.output and "anchor expected 1x, found 0x" in result.output
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def installed(built, tmp_path_factory):
+    """A fresh venv that sees this environment's packages (torch: not downloaded again) through a .pth
+    behind its own, and the patched wheel installed with pip from the static index, hash-checked."""
+    index = write_index(built.path.parent, built.path.parent)
+    assert [w.filename for w in index] == [built.path.name]
+    env = tmp_path_factory.mktemp("venv")
+    venv.EnvBuilder(with_pip=True).create(env)
+    python = env / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "zz-test-environment.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
+                    "--disable-pip-version-check", "--index-url", (built.path.parent / "simple").as_uri(),
+                    f"vllm=={built.manifest.version}"], check=True)
+    return python, site
+
+
+def test_pip_installs_the_wheel_and_status_names_its_patches(built, installed):
+    python, site = installed
+    assert (site / f"vllm-{built.manifest.version}.dist-info" / "patchkit.json").is_file()
+    result = CliRunner().invoke(main, ["status", "--target", str(site), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    states = {p["id"]: p["state"] for p in report["patches"]}
+    assert {p.id: states[p.id] for p in built.manifest.patches} == {p.id: "applied" for p in built.manifest.patches}
+    (wheel,) = report["wheels"]
+    assert wheel["version"] == built.manifest.version
+    assert [(p["id"], p["digest"]) for p in wheel["patches"]] == [(p.id, p.digest) for p in built.manifest.patches]
+    text = CliRunner().invoke(main, ["status", "--target", str(site)]).output
+    assert f"installed from a patched wheel: vllm {built.manifest.version}" in text
+    assert all(f"carries {p.id} " in text for p in built.manifest.patches)
+
+
+@pytest.mark.parametrize("module", BEHAVIOUR)
+def test_behaviour_tests_pass_on_the_installed_wheel(installed, module):
+    python, site = installed
+    env = {**os.environ, "PATCHKIT_WHEEL_PYTHON": str(python), "PATCHKIT_WHEEL_SITE": str(site),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PATCHKIT_TEST_EXCLUDE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", "-p", "installed_wheel",
+         str(REPO / "tests" / "patches" / module)],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "skipped" not in summary and "deselected" not in summary, summary

@@ -1,18 +1,21 @@
-"""All or nothing on disk: failures after N of M writes, and a process killed between replacements."""
+"""All or nothing on disk through the library API: a full disk at any step, a process killed after the commit,
+modes and bytecode, files changed under the planner, and generated edit lists (properties)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
 import textwrap
-from contextlib import contextmanager
 
 import pytest
 from builders import snapshot, write_package, write_patchset
+from transactions import Faults
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from patchkit.errors import PatchkitError
 from patchkit.patching import planner, tree
 from patchkit.patching.patchset import load_patchset
 from patchkit.sources.directory import DirectorySource
@@ -35,65 +38,52 @@ def planned_writes(root, patchset):
     return [(source.package_root(c.package) / c.path, c) for c in plan.changes]
 
 
-@contextmanager
-def disk_full(monkeypatch, fails):
-    """File replacements raise ENOSPC when fails(n) is true for the n-th call; the block must raise it."""
-    real_replace, calls = tree.replace_file, {"n": 0}
-
-    def replace(path, data):
-        calls["n"] += 1
-        if fails(calls["n"]):
-            raise OSError(28, "No space left on device (injected)")
-        real_replace(path, data)
-
-    monkeypatch.setattr(tree, "replace_file", replace)
-    with pytest.raises(OSError, match="injected"):
-        yield
-    monkeypatch.setattr(tree, "replace_file", real_replace)
+def patched(root, writes) -> dict[str, bytes]:
+    return {**snapshot(root), **{f"vllm/{c.path}": c.new for _, c in writes}}
 
 
-@pytest.mark.parametrize("fail_after", range(4))  # N of M = 4 writes done before the fault
-def test_error_after_n_of_m_writes_leaves_tree_identical(tmp_path, monkeypatch, fail_after):
+@pytest.mark.parametrize("fail_at", range(1, 48))
+def test_disk_full_at_any_step_leaves_every_file_old_or_every_file_new(tmp_path, fail_at):
+    """Four files: ENOSPC at step k of the write; the next run on the target settles it either way."""
     root, patchset = four_file_series(tmp_path)
     before = snapshot(root)
     writes = planned_writes(root, patchset)
-    # one fault after N writes; the rollback's own writes then succeed
-    with disk_full(monkeypatch, lambda n: n == fail_after + 1):
-        tree.write_changes(root, writes)
-    assert snapshot(root) == before
-    assert not (root / tree.JOURNAL_DIR).exists()
+    after = patched(root, writes)
+    with Faults(at=fail_at, error=errno.ENOSPC) as faults:
+        with pytest.raises(PatchkitError, match=r"No space left on device \(injected\)"):
+            tree.write_changes(root, writes)
+    assert faults.count >= fail_at
+    tree.recover(root)
+    assert snapshot(root) in (before, after)
+    assert not (root / tree.JOURNAL_DIR).exists() and not list(root.rglob("*.patchkit-new"))
 
 
-def test_rollback_that_fails_too_leaves_a_journal_the_next_run_repairs(tmp_path, monkeypatch):
+def test_the_write_of_four_files_has_47_steps(tmp_path):
+    """The parametrisation above covers every step: keep its range in step with this count."""
     root, patchset = four_file_series(tmp_path)
-    before = snapshot(root)
-    writes = planned_writes(root, patchset)
-    with disk_full(monkeypatch, lambda n: n >= 3):  # the disk stays full: the rollback fails as well
-        tree.write_changes(root, writes)
-    assert (root / tree.JOURNAL_DIR).exists()
-    assert len(tree.recover(root).rolled_back) == 2
-    assert snapshot(root) == before
+    with Faults() as faults:
+        tree.write_changes(root, planned_writes(root, patchset))
+    assert faults.count == 47, faults.steps
 
 
 KILLER = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    from patchkit.patching import planner, tree
+    from patchkit.patching import fsops, planner, tree
     from patchkit.patching.patchset import load_patchset
     from patchkit.sources.directory import DirectorySource
 
-    root, patches, kill_after = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-    real, calls = os.replace, {"n": 0}
+    root, patches = Path(sys.argv[1]), Path(sys.argv[2])
+    renames = []
 
-    def dying_replace(src, dst):
-        real(src, dst)
-        if str(dst).endswith(".py"):
-            calls["n"] += 1
-            if calls["n"] == kill_after:
+    def die_after_two_renames(op, where):
+        if op == "rename" and where.endswith(".py"):
+            renames.append(where)
+            if len(renames) == 3:
                 os._exit(137)  # as abrupt as SIGKILL: no cleanup, no finally blocks
 
-    os.replace = dying_replace
+    fsops.HOOK = die_after_two_renames
     source = DirectorySource(root)
     plan = planner.plan(load_patchset(patches).series(), source)
     tree.write_plan(root, source, plan)
@@ -101,34 +91,23 @@ KILLER = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("kill_after", [1, 2, 3])
-def test_process_killed_between_replacements_is_repaired_by_next_run(tmp_path, kill_after):
+def test_process_killed_between_replacements_is_finished_by_the_next_run(tmp_path):
+    """A death (os._exit) after the commit and two of four renames, in its own interpreter; then the CLI."""
     root, patchset = four_file_series(tmp_path)
     before = snapshot(root)
-    proc = subprocess.run([sys.executable, "-c", KILLER, str(root), str(patchset.folder), str(kill_after)],
-                          capture_output=True, text=True)
+    after = patched(root, planned_writes(root, patchset))
+    proc = subprocess.run([sys.executable, "-c", KILLER, str(root), str(patchset.folder)], capture_output=True,
+                          text=True)
     assert proc.returncode == 137, proc.stderr
     half = snapshot(root)
-    changed = [k for k in before if k in half and half[k] != before[k]]
-    assert len(changed) == kill_after  # really half-patched on disk
-    assert (root / tree.JOURNAL_DIR / "journal.json").exists()
+    assert sum(half[k] != before[k] for k in before) == 2  # really half-patched on disk
+    assert (root / tree.JOURNAL_DIR / "commit").exists()
 
-    # The next CLI run on that target recovers first, then does its own job.
     cli = subprocess.run([sys.executable, "-m", "patchkit", "status", "--target", str(root),
                           "--patches", str(patchset.folder), "--json"], capture_output=True, text=True)
-    assert "rolled back" in cli.stderr and cli.returncode == 0, cli.stderr
-    assert {k: v for k, v in snapshot(root).items() if not k.startswith(tree.JOURNAL_DIR)} == before
+    assert "rolled forward" in cli.stderr and cli.returncode == 0, cli.stderr
+    assert snapshot(root) == after
     assert not (root / tree.JOURNAL_DIR).exists()
-
-
-def test_recovery_refuses_a_file_changed_by_someone_else(tmp_path):
-    root, patchset = four_file_series(tmp_path)
-    writes = planned_writes(root, patchset)
-    tree._write_journal(root / tree.JOURNAL_DIR, writes)
-    writes[0][0].write_text("edited by hand\n")
-    with pytest.raises(Exception, match="neither its pre-run nor its patched content"):
-        tree.recover(root)
-    assert (root / tree.JOURNAL_DIR).exists()  # kept for a person to look at
 
 
 def test_mode_is_kept_and_stale_bytecode_dropped(tmp_path):

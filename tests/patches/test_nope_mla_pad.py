@@ -313,7 +313,7 @@ def test_hook_only_pads_sparse_nope_configs(stock, patched):
 
 
 # ---- FlashInfer 0.6.x: the (heads, 2176) decode allowlist and the 2176 -> 2048 top-k fit ----
-# Run on the real flashinfer-python 0.6.18.post1 sdist (vLLM 0.30.0's pin and the pinned base's):
+# Run on the real flashinfer-python 0.6.17 (the pinned base's) and 0.6.18.post1 (vLLM 0.30.0's pin) sdists:
 # its mla/_sparse_mla_sm120.py, stock and as this patch leaves it, executed on CPU. Importing the
 # package would build its CUDA JIT modules, so the module's top-level definitions run from its own
 # text (ast); nothing is re-implemented. The tables come from vLLM's own pool expansion
@@ -323,7 +323,7 @@ import functools
 import os
 import random
 
-FLASHINFER_06 = "0.6.18.post1"
+FLASHINFER_06 = ("0.6.17", "0.6.18.post1")  # the pinned base's; vLLM 0.30.0's pin
 GLM_HEADS = (8, 16, 32, 64)  # GLM-5.3-Flash's 64 heads at TP 8, 4, 2, 1
 INDEX_TOPK, KPOOL = 2048, 4  # GLM-5.3-Flash's index_topk and index_kpool
 WIDTH = -(-(INDEX_TOPK + KPOOL - 1) // 128) * 128  # the SM120 top-k buffer: round_up(2051, 128)
@@ -341,14 +341,14 @@ def _run_definitions(text: str, names: set[str], namespace: dict) -> dict:
 
 
 @functools.cache
-def _flashinfer_06_texts() -> tuple[str, str]:
-    """mla/_sparse_mla_sm120.py of FlashInfer 0.6.18.post1, stock and with this patch applied."""
+def _flashinfer_06_texts(version: str = FLASHINFER_06[-1]) -> tuple[str, str]:
+    """mla/_sparse_mla_sm120.py of a FlashInfer 0.6.x release, stock and with this patch applied."""
     from patchkit.patching.patchset import load_patchset
     from patchkit.patching.planner import plan
     from patchkit.sources.cache import SdistCache
     from patchkit.sources.release import open_release
 
-    source = open_release("flashinfer-python", FLASHINFER_06, cache=SdistCache(), progress=False)
+    source = open_release("flashinfer-python", version, cache=SdistCache(), progress=False)
     path = "mla/_sparse_mla_sm120.py"
     if "nope-mla-pad" in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(","):  # nox -s patch-necessity
         stock = source.read("flashinfer", path).decode()
@@ -397,10 +397,12 @@ REPO_PATCHES = __import__("pathlib").Path(__file__).resolve().parents[2] / "patc
 
 
 @pytest.mark.network
-def test_flashinfer_06_decode_takes_the_padded_width():
-    """Stock 0.6.18.post1 has no decode kernel for (heads, 2176) (it raises "no decode kernel for this
-    shape"); patched, every GLM head count routes to the V32/GLM_NSA decode at that width."""
-    stock_text, patched_text = _flashinfer_06_texts()
+@pytest.mark.parametrize("version", FLASHINFER_06)
+def test_flashinfer_06_decode_takes_the_padded_width(version):
+    """Stock 0.6.x has no decode kernel for (heads, 2176) (0.6.18.post1 raises "no decode kernel for this
+    shape", 0.6.17 aborts in the prefill kernel); patched, every GLM head count routes to the V32/GLM_NSA
+    decode at that width."""
+    stock_text, patched_text = _flashinfer_06_texts(version)
     stock, patched = _flashinfer_module(stock_text), _flashinfer_module(patched_text)
     assert WIDTH == 2176
     for heads in GLM_HEADS:

@@ -179,7 +179,7 @@ def test_nvidia_override_derived_only_after_identity(tmp_path):
 
 
 def test_override_on_a_verified_checkpoint(tmp_path):
-    lab = find_variant("lab", IMAGES)
+    mixed = find_variant("4p67", IMAGES)  # unpinned, so the user's pins reach the declaration check
     nvidia = find_variant("nvidia-nvfp4", IMAGES)
     root, config_sha, index_sha = _checkpoint(tmp_path, "nvidia-nvfp4")
     # Re-point an unpinned copy of the variant at the synthetic checkpoint (user-supplied pins).
@@ -195,9 +195,12 @@ def test_override_on_a_verified_checkpoint(tmp_path):
     assert override == {"quantization_config": dict(
         config["quantization_config"], ignore=config["quantization_config"]["ignore"] + EXPECTED_45
     )}
-    # The lab variant is another checkpoint: its layout does not match this config.
-    with pytest.raises(PatchkitError, match="declares modelopt NVFP4; variant lab is modelopt MIXED_PRECISION"):
-        serve_args(lab, root, pin_config=config_sha, pin_index=index_sha)
+    # The 4p67 variant is another checkpoint: its layout does not match this config.
+    with pytest.raises(PatchkitError, match="declares modelopt NVFP4; variant 4p67 is modelopt MIXED_PRECISION"):
+        serve_args(mixed, root, pin_config=config_sha, pin_index=index_sha)
+    # The pinned lab variant refuses these files before reading them.
+    with pytest.raises(PatchkitError, match="contradicts"):
+        serve_args(find_variant("lab", IMAGES), root, pin_config=config_sha, pin_index=index_sha)
 
 
 def test_for_node_adds_multinode_flags():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -76,13 +77,21 @@ def test_methods_exist_in_the_pinned_vllm(stock_vllm, variants):
     assert {v.quantization for v in variants.values()} <= set(known)
 
 
-def test_only_nvidia_is_pinned_and_only_it_excludes_its_mtp(variants):
+def test_pinned_variants_are_those_with_public_records_and_only_nvidia_excludes_its_mtp(variants):
     nvidia = variants["nvidia-nvfp4"]
     assert nvidia.pinned and nvidia.checkpoint.revision == "423acf37583782c51c142d145aef733d72943d93"
     assert nvidia.checkpoint.exclude_mtp_from_quant
-    for name, v in variants.items():
-        if name != "nvidia-nvfp4":
-            assert not v.pinned and not v.checkpoint.exclude_mtp_from_quant
+    assert {n for n, v in variants.items() if v.pinned} == {"nvidia-nvfp4", "lab"}
+    assert [n for n, v in variants.items() if v.checkpoint.exclude_mtp_from_quant] == ["nvidia-nvfp4"]
+
+
+def test_lab_pins_are_the_public_runtime_locks(variants):
+    """tests/data/pins: a public GB10 runtime lock of the lab checkpoint (tests/data/README.md)."""
+    record = json.loads((Path(__file__).parent / "data" / "pins" / "sparkring-glm53-flash-pins.json").read_text())["target_model"]
+    lab = variants["lab"].checkpoint
+    assert (lab.repo, lab.revision) == (record["repository"], record["revision"])
+    assert (lab.pins.config_sha256, lab.pins.index_sha256) == (record["config_sha256"], record["weight_index_sha256"])
+    assert record["quantization"]["algorithm"] == lab.quant_algo and "sparkring" in lab.pin_source
 
 
 def test_aliases_resolve():
@@ -177,7 +186,7 @@ def test_duplicate_alias_across_variants_is_refused(tmp_path):
 
 
 def test_unpinned_variant_refuses_identity_without_user_pins(variants):
-    lab = variants["lab"]
+    lab = variants["4p67"]
     with pytest.raises(PatchkitError, match="no known SHA-256 pin for config.json.*--pin-config"):
         resolve_pins(lab)
     with pytest.raises(PatchkitError, match="model.safetensors.index.json"):
@@ -197,10 +206,12 @@ def test_user_pin_cannot_override_a_known_pin(variants):
 
 def test_malformed_user_pin_is_refused(variants):
     with pytest.raises(PatchkitError, match="not a SHA-256"):
-        resolve_pins(variants["lab"], config_sha256="abc", index_sha256=SHA_B)
+        resolve_pins(variants["4p67"], config_sha256="abc", index_sha256=SHA_B)
 
 
-def test_variant_files_say_where_unknown_pins_stand(variants):
+def test_variant_files_say_where_pins_stand(variants):
     for v in variants.values():
         if not v.pinned:
             assert re.search(r"unknown|--pin-config", v.checkpoint.pin_source)
+        else:
+            assert "not recomputed here" in v.checkpoint.pin_source

@@ -132,7 +132,7 @@ def _locked(target: Path, wait: float):
 
     with open_target(target, wait=wait) as locked:
         if locked.recovery:
-            err_console.print(f"[yellow]{target}: {locked.recovery.describe()}[/]")
+            err_console.print(f"[yellow]{target}: {locked.recovery.describe()}[/]", soft_wrap=True)
         yield locked, DirectorySource(target)
 
 

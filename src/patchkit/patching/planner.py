@@ -121,6 +121,7 @@ class _Texts:
         self.original: dict[tuple[str, str], bytes | None] = {}
         self.current: dict[tuple[str, str], str] = {}
         self.touched_by: dict[tuple[str, str], str] = {}
+        self.inserted: set[str] = set()  # every text the series inserts or replaces with
 
     def prefetch(self, patches: list[Patch], packages: dict[str, str]) -> None:
         """Read every file the series may touch in one go: an sdist then costs one decompression."""
@@ -189,6 +190,7 @@ def plan(
     found_versions = dict(source.versions())
     found_versions.update(versions or {})
     texts = _Texts(source)
+    texts.inserted = {e.text for p in patches for e in p.edits if e.action != "assert"}
     texts.prefetch(patches, found_versions)
     ordered = patches if mode == "apply" else list(reversed(patches))
     results = [_evaluate(p, texts, found_versions, mode) for p in ordered]
@@ -288,7 +290,7 @@ def _evaluate_edit(edit: Edit, texts: _Texts, staged: dict, mode: str) -> EditRe
     inserts = edit.action != "replace"
     if n_applied == edit.count and (not inserts or n_anchor == edit.count):
         state = "applied"
-    elif (modified := _modified(edit, path, text, n_anchor, n_applied)) is not None:
+    elif (modified := _modified(edit, path, text, n_anchor, n_applied, texts.inserted)) is not None:
         return modified
     elif n_applied == 0 and n_anchor == edit.count:
         state = "pending"
@@ -312,13 +314,14 @@ def _evaluate_edit(edit: Edit, texts: _Texts, staged: dict, mode: str) -> EditRe
 INSERT_SIMILARITY = 0.75
 
 
-def _modified(edit: Edit, path: str, text: str, n_anchor: int, n_applied: int) -> EditResult | None:
+def _modified(edit: Edit, path: str, text: str, n_anchor: int, n_applied: int, inserted: set[str]) -> EditResult | None:
     """The edit's text is present but not byte-exact: a user edited patched code (never guessed through).
 
     An insert whose anchor is intact but whose text, right beside it, is nearly the patch's text; or a
     replacement whose anchor is gone and whose nearest region is closer to the patch's text than to the
     anchor (an upstream drift is closer to the anchor: that stays "broken"). A line of the text that
-    carries the "patchkit" marker comment found there settles it either way.
+    carries the "patchkit" marker comment found there settles it either way. A neighbour that is another
+    edit's text, whole, is that edit's business, not a modification of this one.
     """
     if n_applied:
         return None
@@ -330,6 +333,8 @@ def _modified(edit: Edit, path: str, text: str, n_anchor: int, n_applied: int) -
                 region = "".join(text[start + len(edit.anchor):].splitlines(keepends=True)[:width])
             else:
                 region = "".join(text[:start].splitlines(keepends=True)[-width:])
+            if any(other != edit.text and other in region for other in inserted):
+                continue
             similarity = difflib.SequenceMatcher(None, edit.text, region, autojunk=False).ratio()
             marked = any(m in (line.strip() for line in region.splitlines()) for m in markers)
             if similarity >= INSERT_SIMILARITY or marked:

@@ -14,6 +14,8 @@ import hashlib
 import io
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from click.testing import CliRunner
 
 from patchkit import __version__
 from patchkit.cli.main import main
+from patchkit.cli.wheel import wheel_group
 from patchkit.errors import PatchFailed
 from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
@@ -189,3 +192,16 @@ def test_behaviour_tests_pass_on_the_installed_wheel(installed, module):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     summary = proc.stdout.strip().splitlines()[-1]
     assert " passed" in summary and "skipped" not in summary and "deselected" not in summary, summary
+
+
+
+def test_the_wheel_commands_in_the_publish_workflow_are_valid_invocations(tmp_path, monkeypatch):
+    """Each `patchkit wheel ...` line of publish.yml parses with the real command's options."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dist" / "wheels").mkdir(parents=True)  # what the build step leaves for the index step
+    text = (REPO / ".github" / "workflows" / "publish.yml").read_text().replace("\\\n", " ")
+    lines = re.findall(r"patchkit wheel (build|index) ([^\n>]*)", text)
+    assert {command for command, _ in lines} == {"build", "index"}, lines
+    for command, args in lines:
+        context = wheel_group.commands[command].make_context(command, shlex.split(args))
+        assert context.params["output"] is not None

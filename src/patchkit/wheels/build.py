@@ -28,7 +28,7 @@ from packaging.version import Version
 
 from patchkit import __version__
 from patchkit.errors import PatchkitError
-from patchkit.images.build import series_hash
+from patchkit.images.labels import series_hash
 from patchkit.patching.patchset import Patch
 from patchkit.patching.planner import FileChange, Plan, State, plan
 from patchkit.sources.wheel import WheelSource

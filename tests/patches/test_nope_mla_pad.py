@@ -465,3 +465,27 @@ def test_flashinfer_06_fit_drops_entries_only_on_long_rows_with_a_tail():
     assert torch.equal(lost, torch.where(lens >= INDEX_TOPK, lens % KPOOL, 0))
     share_past, share_lossy = past.float().mean().item(), (lost > 0).float().mean().item()
     assert 0.70 < share_past < 0.80 and 0.68 < share_lossy < 0.78, (share_past, share_lossy)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("version", ["0.6.17", "0.6.18.post1", "0.7.0.post1", "0.7.2.post1"])
+def test_flashinfer_edits_split_by_flashinfer_release(version):
+    """One patch, two FlashInfer code lines (edit-level `versions` on package flashinfer): a 0.6.x
+    source gets the allowlist and the fit (edits pending, then applied), a 0.7.x source only the
+    runtime-top-k asserts (holding); no 0.7 assert is evaluated on 0.6 nor any 0.6 edit on 0.7."""
+    from packaging.version import Version
+    from patchkit.patching.patchset import load_patchset
+    from patchkit.patching.planner import plan
+    from patchkit.sources.cache import SdistCache
+    from patchkit.sources.release import open_release
+
+    patch = load_patchset(REPO_PATCHES).patch("nope-mla-pad")
+    source = open_release("flashinfer-python", version, cache=SdistCache(), progress=False)
+    result = plan([patch], source).result("nope-mla-pad")
+    evaluated = {e.edit.index: e.state for e in result.edits}
+    mine = {e.index for e in patch.edits if e.package == "flashinfer" and e.versions.contains(Version(version))}
+    assert set(evaluated) == mine and mine
+    if Version(version) < Version("0.7"):
+        assert sorted(evaluated.values()) == ["holds", "pending", "pending", "pending"]
+    else:
+        assert set(evaluated.values()) == {"holds"}

@@ -1,8 +1,8 @@
 """`patchkit verify`: the patch set against upstream vLLM versions, as a matrix patch x version.
 
 Each version is opened as a source once; the full series and every image's own series are planned
-against it in memory by the engine (nothing is written), and the source is dropped before the next
-one opens, so memory holds one release at a time. Only the files the patches name are read, through
+against it in memory by the engine (nothing is written). Index releases open in parallel, a few at a
+time (one per core and one waiting), and each is dropped once planned. Only the files the patches name are read, through
 the sources' caches: a warm run decompresses nothing.
 
 The pinned release is always a column: it is the baseline the exit code is measured against.
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import os
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -348,13 +350,21 @@ def compute(
     columns: list[Column] = []
     cells: dict[tuple[str, str], Cell] = {}
     images: dict[str, dict[str, ImageCell]] = {name: {} for name in image_series}
-    for target in targets:
+    companions = _Companions(cache, progress)
+
+    def open_one(target: Target) -> Source:
         source = opener(target) if opener else open_target(target, cache=cache, progress=progress)
-        companions = list(extra or []) or _pinned_companions(source, cache, progress)
-        if companions:
+        with_ = list(extra or []) or companions.pinned_by(source)
+        if with_:
             from patchkit.sources import combine_sources
 
-            source = combine_sources([source, *companions])
+            source = combine_sources([source, *with_])
+        return source
+
+    # Index releases open in parallel (each a pass over its sdists, inflate outside the GIL); git
+    # checkouts and custom openers one at a time.
+    parallel = opener is None and all(t.location is None for t in targets)
+    for target, source in _opened(targets, open_one, workers=(os.cpu_count() or 1) if parallel else 1):
         column = _column(target, source, pinned)
         columns.append(column)
         plans = {patchset.order: plan(full, source)}
@@ -368,7 +378,7 @@ def compute(
             if ids not in plans:
                 plans[ids] = plan(patchset.series(ids), source)
             images[name][column.label] = _image_cell(plans[ids], cells, column.label)
-        # An sdist's pass holds ~50 MB of members: drop it before the next release opens.
+        # An sdist's pass holds ~50 MB of members: dropped once planned.
         del source, plans, relaxed
     order = sorted(range(len(columns)), key=lambda i: _column_key(columns[i], i))
     columns = [columns[i] for i in order]
@@ -377,13 +387,49 @@ def compute(
     return Matrix(pinned, columns, full, cells, dict(image_series), images)
 
 
-def _pinned_companions(source: Source, cache: SdistCache | None, progress: bool) -> list[Source]:
-    """Without --with, a release is checked together with the FlashInfer release it pins."""
-    from patchkit.sources import open_source
-    from patchkit.sources.pins import pinned_flashinfer
+def _opened(targets: list[Target], open_one: Callable[[Target], Source], workers: int):
+    """(target, source) in the targets' order, at most `workers` opening at once and one more waiting, so
+    memory holds a few releases, not all of them."""
+    if workers <= 1:
+        for target in targets:
+            yield target, open_one(target)
+        return
+    from concurrent.futures import ThreadPoolExecutor
 
-    version = pinned_flashinfer(source)
-    return [open_source(f"flashinfer-python=={version}", cache=cache, progress=progress)] if version else []
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="patchkit-open") as pool:
+        pending = [pool.submit(open_one, t) for t in targets[:workers]]
+        for i, target in enumerate(targets):
+            if i + workers < len(targets):
+                pending.append(pool.submit(open_one, targets[i + workers]))
+            future = pending[i]
+            pending[i] = None  # drop the reference once consumed
+            yield target, future.result()
+
+
+class _Companions:
+    """Without --with, a release is checked together with the FlashInfer release it pins; releases that
+    pin the same one (0.31 and 0.32) share it, opened once even when both open at the same time."""
+
+    def __init__(self, cache: SdistCache | None, progress: bool):
+        self._cache, self._progress = cache, progress
+        self._opened: dict[str, Source] = {}
+        self._lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    def pinned_by(self, source: Source) -> list[Source]:
+        from patchkit.sources import open_source
+        from patchkit.sources.pins import pinned_flashinfer
+
+        version = pinned_flashinfer(source)
+        if not version:
+            return []
+        with self._lock:
+            lock = self._locks.setdefault(version, threading.Lock())
+        with lock:
+            if version not in self._opened:
+                self._opened[version] = open_source(f"flashinfer-python=={version}", cache=self._cache,
+                                                    progress=self._progress)
+        return [self._opened[version]]
 
 
 def _column(target: Target, source: Source, pinned: str) -> Column:

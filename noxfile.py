@@ -71,6 +71,15 @@ def verify(session: nox.Session) -> None:
     session.run("patchkit", "verify", *session.posargs)
 
 
+@nox.session(venv_backend="none")
+def killloop(session: nox.Session) -> None:
+    """1,000 SIGKILLs of apply/revert on a real vLLM 0.33.0 tree, each settled by the next command (the
+    default tests run a few dozen). In the `tests` environment: run that first. PATCHKIT_KILL_SEED replays."""
+    session.env.update({"PATCHKIT_REQUIRE_VLLM": "1", "PATCHKIT_KILL_TRIALS": os.environ.get("PATCHKIT_KILL_TRIALS", "1000")})
+    session.run(str(CACHE / "nox" / "tests" / "bin" / "python"), "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                str(ROOT / "tests" / "test_transactions_concurrency.py"), "-k", "kill_loop", external=True)
+
+
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """Benchmarks as ratios against the obvious alternative, in one run."""

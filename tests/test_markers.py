@@ -66,6 +66,12 @@ def test_startup_marker_is_uvicorns_own_line():
     assert MARKER["startup"].literal in source
 
 
+def test_quantprobe_marker_matches_the_patch_that_prints_it():
+    marker = MARKER["quantprobe"]
+    texts = [(REPO / f).read_text() for f in marker.files]
+    assert any(marker.literal.removeprefix("f") in text for text in texts), f"{marker.files} print no {marker.literal}"
+
+
 def test_every_cause_is_named_from_its_own_line_first():
     for cause in CAUSES:
         assert cause.literal or cause.record, f"{cause.name}: neither a vLLM literal nor a record"

@@ -254,3 +254,45 @@ def test_modelopt_mixed_reads_its_layer_table_from_hf_quant_config_json(tmp_path
     (root / "hf_quant_config.json").unlink()
     with pytest.raises(PatchkitError, match=r"no quantization_config with quantized_layers.*hf_quant_config.json \(found none\)"):
         preflight(root, unpinned("lab"), **pins_of(root))
+
+
+def _rename_tensors(root: Path, old: str, new: str) -> None:
+    """Rewrite a tensor-name component in the index and in every shard header (header-only shards)."""
+    import struct
+
+    index = json.loads((root / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k.replace(old, new): v for k, v in index["weight_map"].items()}
+    (root / "model.safetensors.index.json").write_text(json.dumps(index))
+    for shard in set(index["weight_map"].values()):
+        raw = (root / shard).read_bytes()
+        (length,) = struct.unpack("<Q", raw[:8])
+        header = json.loads(raw[8 : 8 + length])
+        header = json.dumps({k.replace(old, new): v for k, v in header.items()}).encode()
+        (root / shard).write_bytes(struct.pack("<Q", len(header)) + header + raw[8 + length :])
+
+
+def test_tensor_name_spelling_is_judged_against_the_images_series(tmp_path):
+    root = make(tmp_path, "lab")
+    flat = preflight(root, unpinned("lab"), **pins_of(root), series_of=lambda image: ())
+    assert flat.spelling["kind"] == "flat" and flat.ok, flat.problems
+    _rename_tensors(root, ".hc_attn_fn", ".attn_hc.fn")
+    nested = preflight(root, unpinned("lab"), **pins_of(root), series_of=lambda image: ())
+    assert (nested.spelling["kind"], nested.spelling["nested"]) == ("mixed", {"hyper-connections": 45})
+    assert nested.problems == [nested.spelling["verdict"]]
+    assert "image glm53-flash-nvfp4-lab lacks naming-shim: vLLM 0.30-0.33 stop at the first nested name" in nested.problems[0]
+    shimmed = preflight(root, unpinned("lab"), **pins_of(root), series_of=lambda image: ("naming-shim",))
+    assert shimmed.ok and shimmed.spelling["verdict"].endswith("image glm53-flash-nvfp4-lab loads them through naming-shim")
+
+
+def test_cli_preflight_reads_the_series_of_the_variants_image(tmp_path):
+    import subprocess
+    import sys
+
+    root = make(tmp_path, "4p67")
+    pins = pins_of(root)
+    run = subprocess.run([sys.executable, "-m", "patchkit", "preflight", str(root), "--variant", "4p67", "--json",
+                          "--pin-config", pins["pin_config"], "--pin-index", pins["pin_index"]],
+                         capture_output=True, text=True, check=False, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    verdict = json.loads(run.stdout)["spelling"]["verdict"]
+    assert verdict.startswith("flat tensor names") and verdict.endswith("image glm53-flash-nvfp4-4p67 loads them as stored")

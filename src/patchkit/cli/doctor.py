@@ -20,15 +20,18 @@ from patchkit.errors import PatchkitError
 QUANTPROBE_PATCH = "quantprobe"
 
 
-def image_carries_quantprobe(image_name: str) -> bool:
-    """Does the image definition's series include the opt-in quantprobe patch?"""
+def image_series(image_name: str) -> tuple[str, ...]:
+    """The effective patch series of an image definition (images/<name>/image.toml, parents included)."""
     from patchkit.images.definitions import load_image
     from patchkit.patching.patchset import load_patchset
 
     patchset = load_patchset(default_dir("patches", "PATCHKIT_PATCHES"))
-    if QUANTPROBE_PATCH not in {p.id for p in patchset.series()}:
-        return False
-    return QUANTPROBE_PATCH in load_image(default_dir("images", "PATCHKIT_IMAGES"), image_name, patchset).series
+    return load_image(default_dir("images", "PATCHKIT_IMAGES"), image_name, patchset).series
+
+
+def image_carries_quantprobe(image_name: str) -> bool:
+    """Does the image definition's series include the opt-in quantprobe patch?"""
+    return QUANTPROBE_PATCH in image_series(image_name)
 
 
 def _read(log: str) -> str:

@@ -266,8 +266,10 @@ def preflight(path, variant, tp, pin_config, pin_index, as_json):
     from patchkit.variants.preflight import preflight as run
 
     images = default_dir("images", "PATCHKIT_IMAGES")
+    from patchkit.cli.doctor import image_series
+
     report_ = run(path, variant=find_variant(variant, images) if variant else None, tp=tp,
-                  pin_config=pin_config, pin_index=pin_index, images_dir=images)
+                  pin_config=pin_config, pin_index=pin_index, images_dir=images, series_of=image_series)
     if as_json:
         click.echo(report_.to_json())
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -31,6 +32,7 @@ from patchkit.variants.checkpoint import (
 from patchkit.variants.definitions import Variant, load_variants, resolve_pins
 from patchkit.variants.mtp_ignore import extended_quantization_config
 from patchkit.variants.quant_config import CompressedTensors, ct_algo, read_quant_config
+from patchkit.variants.spelling import spelling_of, weight_map_names
 
 GIB = 1024**3
 GB10_MEMORY_GIB = 121.63  # unified memory per DGX Spark node
@@ -77,6 +79,7 @@ class PreflightReport:
     mtp: dict
     patches: dict
     memory: dict
+    spelling: dict = field(default_factory=dict)  # tensor-name spelling (nested/flat) and whether the image loads it
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -96,6 +99,7 @@ class PreflightReport:
         head.add_row("declared", f"{self.declared['format']} {self.declared['quant_algo']} → vLLM --quantization {self.declared['vllm_method']}")
         head.add_row("tensors", f"{self.tensors:,} ({self.total_gib:.2f} GiB){'; header-only shards: ' + str(self.header_only_shards) if self.header_only_shards else ''}")
         head.add_row("MTP", f"layers {self.mtp['layers'] or 'none'}; routed experts {self.mtp['routed_expert_formats'] or '-'}")
+        head.add_row("spelling", self.spelling.get("verdict", "-"))
         head.add_row("patches", f"needed {self.patches['checkpoint'] or 'none'}; platform {self.patches['platform']}")
         m = self.memory
         head.add_row("memory", f"{m['weights_gib_per_rank']:.2f} GiB weights/rank at TP={self.tp} + {m['kv_gib']:.2f} GiB KV + {m['reserve_gib']:.1f} reserve = {m['total_gib']:.2f} of {m['budget_gib']} GiB")
@@ -265,8 +269,12 @@ def preflight(
     pin_config: str | None = None,
     pin_index: str | None = None,
     images_dir: Path | None = None,
+    series_of: Callable[[str], Sequence[str]] | None = None,
 ) -> PreflightReport:
-    """Run every check; PatchkitError when identity or structure fails, else a report (ok or not)."""
+    """Run every check; PatchkitError when identity or structure fails, else a report (ok or not).
+
+    `series_of(image)` gives the patch series of the variant's image (the CLI reads the image
+    definition); without it the tensor-name spelling is judged against the variant's own patches."""
     root = Path(root)
     variant = variant or _detect(root, images_dir)
     tp = tp or variant.serve.tensor_parallel_size
@@ -319,6 +327,13 @@ def preflight(
     if want.mtp == "quantized" and mtp_layers and "BF16" in mtp_formats:
         problems.append(f"variant says the MTP is quantized; its routed experts are stored {mtp_formats}")
 
+    names = weight_map_names(verified.index, str(root / INDEX))
+    spelling = spelling_of(names)
+    series = tuple(series_of(variant.image)) if series_of else variant.patches
+    image = f"image {variant.image}" if series_of else f"variant {variant.name}'s patches"
+    if spelling.handled_by(series) is False:
+        problems.append(spelling.verdict(series, image))
+
     needed = sorted(needs)
     for patch in needed:
         if patch not in variant.patches:
@@ -366,6 +381,8 @@ def preflight(
             "total_gib": total, "budget_gib": GB10_MEMORY_GIB, "free_at_boot_gib": GB10_FREE_AT_BOOT_GIB,
             "language_model_only": lm_only,
         },
+        spelling={"kind": spelling.kind, "nested": spelling.nested, "flat": spelling.flat,
+                  "verdict": spelling.verdict(series, image)},
         problems=problems,
         notes=notes,
     )

@@ -75,8 +75,8 @@ MARKERS: tuple[Marker, ...] = (
     _m("startup", r"Application startup complete", "Application startup complete.", ["uvicorn/lifespan/on.py"],
        "(APIServer pid=1) INFO:     Application startup complete.", releases=(), record="uvicorn, vLLM's ASGI server"),
     # Printed only by images that carry the opt-in `quantprobe` patch (PATCHKIT_QUANTPROBE=1).
-    _m("quantprobe", r"\[quantprobe\] layer=(\S+) prefix=(\S+) algo=(\S+)", "[quantprobe] layer=%s prefix=%s algo=%s",
-       ["patches/quantprobe"],
+    _m("quantprobe", r"\[quantprobe\] layer=(\S+) prefix=(\S+) algo=(\S+)", 'f"[quantprobe] layer={kind} prefix={prefix} algo={algo}"',
+       ["patches/quantprobe/report.py.txt"],
        "[quantprobe] layer=RoutedExperts prefix=model.layers.45.mlp.experts algo=MXFP8", releases=(),
        record="the quantprobe patch; public lab READMEs quote this exact line"),
 )
@@ -84,7 +84,7 @@ MARKER = {m.name: m for m in MARKERS}
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # Draft architectures by the method that loads them (vllm/model_executor/models/registry.py names).
-_DRAFT_ARCH = (("dflash", re.compile(r"DFlash", re.I)), ("eagle", re.compile(r"Eagle", re.I)), ("mtp", re.compile(r"MTP")))
+_DRAFT_ARCH = (("dflash", re.compile(r"DFlash", re.IGNORECASE)), ("eagle", re.compile(r"Eagle", re.IGNORECASE)), ("mtp", re.compile(r"MTP")))
 SPEC_METHODS = ("mtp", "dflash", "eagle", "ngram", "none")
 
 

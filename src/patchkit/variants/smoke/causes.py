@@ -12,8 +12,6 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from patchkit.variants.smoke.markers import RELEASES
-
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -124,5 +122,3 @@ def exceptions(text: str) -> list[str]:
             seen.setdefault(f"{hit.group(1)}: {hit.group(2)}".strip())
     return list(seen)
 
-
-__all__ = ["CAUSES", "CAUSE", "Cause", "Found", "RELEASES", "exceptions", "find_causes"]

@@ -2,6 +2,13 @@
 
 Everything enters the cache by writing a temporary file beside its final name and renaming it, so a
 crash, a full disk or a failed check never leaves a half-written entry that a later run would trust.
+
+No byte of the cache reaches the planner unverified. Member bytes are content-addressed and checked
+against their sha256 on every read (FileCache). An archive's sha256 (the index's, checked while it
+downloaded) is checked again whenever the file is not the very file last verified: the record keeps
+that file's device, inode, size, mtime and ctime, and any write to it, any replacement, even one that
+keeps its size and restores its mtime, changes its ctime or inode. So the warm path costs one stat, and
+an archive altered in place is hashed, found out, reported, removed and downloaded again.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,15 +73,26 @@ class SdistCache:
         self.files = FileCache(self.root / "files")
 
     def lookup(self, dist: str, version: str) -> CachedArchive | None:
-        """The archive downloaded and verified earlier for this version, if it is still whole."""
+        """The archive downloaded and verified earlier for this version, if it still hashes as it did."""
         try:
             record = json.loads(self._record(dist, version).read_text())
             path = self.downloads / _plain_filename(record["filename"])
-            if path.stat().st_size != record["size"]:
+            found = path.stat()
+            if found.st_size != record["size"]:
                 return None
-            return CachedArchive(path, record["url"], record["sha256"])
-        except (OSError, ValueError, KeyError, TypeError, PatchkitError):
+            archive = CachedArchive(path, record["url"], record["sha256"])
+            if record.get("verified") == _stamp(found):
+                return archive
+            actual = _file_sha256(path)
+        except (OSError, ValueError, KeyError, TypeError, RecursionError, PatchkitError):
             return None
+        if actual != archive.sha256:
+            self.forget(dist, version, path)
+            print(f"patchkit: cached {path} does not match its recorded sha256 (expected {archive.sha256}, "
+                  f"found {actual}): removed it, downloading it again", file=sys.stderr)
+            return None
+        self._write_record(dist, version, record | {"verified": _stamp(found)})
+        return archive
 
     @contextlib.contextmanager
     def new_archive(self, dist: str, version: str, filename: str, url: str, sha256: str) -> Iterator[BinaryIO]:
@@ -83,9 +102,12 @@ class SdistCache:
         with _temporary_beside(final) as (out, temporary):
             yield out
             out.close()
-            size = temporary.stat().st_size
             temporary.replace(final)
-        record = {"filename": final.name, "url": url, "sha256": sha256, "size": size}
+        found = final.stat()  # the download hashed these very bytes against the index's sha256
+        record = {"filename": final.name, "url": url, "sha256": sha256, "size": found.st_size, "verified": _stamp(found)}
+        self._write_record(dist, version, record)
+
+    def _write_record(self, dist: str, version: str, record: dict) -> None:
         atomic_write(self._record(dist, version), json.dumps(record, indent=1).encode())
 
     def forget(self, dist: str, version: str, archive: Path) -> None:
@@ -95,6 +117,16 @@ class SdistCache:
 
     def _record(self, dist: str, version: str) -> Path:
         return self.downloads / f"{canonicalize_name(dist)}-{Version(version)}.json"
+
+
+def _stamp(found: os.stat_result) -> list[int]:
+    """What identifies the file last verified: any write or replacement changes ctime or inode."""
+    return [found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns]
+
+
+def _file_sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _plain_filename(filename: str) -> str:

@@ -11,13 +11,21 @@ less. Cold runs use a fresh temporary cache whose archives are hard links to the
 beside wall time, since other work on a shared machine inflates the latter; the warm CLI process is
 the number a user sees (a repeat inside one process may also reuse what that process memoised).
 
-    python tests/bench.py [--patches DIR] [--images DIR] [--versions 0.30.0,...] [--repeat N]
+Patched wheels: `patchkit wheel build` from the cached release wheel against `wheel unpack` + apply +
+`wheel pack` of the same wheel and series (the `wheel` package: `nox -s bench` installs it).
+
+Image builds on the realistic base (tests/bench_images.py): the Spark route (`--load`) against a layout
+plus `skopeo copy`, and the daemonless push against `buildah bud`. `--json FILE` writes every number.
+
+    python tests/bench.py [--patches DIR] [--images DIR] [--versions 0.30.0,...] [--repeat N] [--wheels-only]
+                          [--image IMAGE] [--scale 1.0] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
 import resource
 import shutil
@@ -26,6 +34,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 from patchkit.patching import planner
@@ -120,13 +129,67 @@ def write_new(changes: list[planner.FileChange], where) -> None:
         path.write_bytes(change.new)
 
 
+def bench_wheels(tmp: Path, series, version: str, repeat: int) -> list[tuple[str, str, float, str]]:
+    """A patched wheel from the cached release wheel (x86_64): `patchkit wheel build`'s library call against
+    `wheel unpack` + the same planner and series on the tree + `wheel pack --local-version` (wheel from PyPI)."""
+    from patchkit.wheels.build import build_wheel
+    from patchkit.wheels.release import release_wheel
+
+    release = release_wheel(version, "x86_64")  # downloaded once, outside any measurement
+    ours, built = timed(lambda: build_wheel(release, series, "full", tmp / "wheel-patchkit"), repeat, "wheel-patchkit")
+    local = built.manifest.version.split("+", 1)[1]
+
+    def unpack_apply_pack() -> Path:
+        work = tmp / "wheel-obvious"
+        shutil.rmtree(work, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "wheel", "unpack", str(release), "-d", str(work)], check=True,
+                       capture_output=True)
+        (tree,) = work.iterdir()
+        source = DirectorySource(tree)
+        plan = planner.plan(series, source)
+        plan.raise_for_errors()
+        write_new(plan.changes, lambda c: source.package_root(c.package) / c.path)
+        (work / "out").mkdir()
+        subprocess.run([sys.executable, "-m", "wheel", "pack", str(tree), "-d", str(work / "out"), "--local-version",
+                        local], check=True, capture_output=True, env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"})
+        return next((work / "out").glob("*.whl"))
+
+    obvious, packed = timed(unpack_apply_pack, 1, "wheel-obvious")
+    with zipfile.ZipFile(built.path) as a, zipfile.ZipFile(packed) as b:
+        same = {(i.filename, i.CRC) for i in a.infolist() if i.filename.startswith("vllm/")} == {
+            (i.filename, i.CRC) for i in b.infolist() if i.filename.startswith("vllm/")}
+    return [
+        ("wheel-patchkit", f"patched wheel of {version} x86_64, full series (package files identical to the "
+         f"obvious route's: {'yes' if same else 'NO'})", ours,
+         f"{CPU['wheel-obvious'] / CPU['wheel-patchkit']:.2f}x faster than obvious"),
+        ("wheel-obvious", "obvious: wheel unpack + apply + wheel pack", obvious, ""),
+    ]
+
+
+def print_rows(rows) -> None:
+    width = max(len(r[1]) for r in rows)
+    print(f"{'':<{width}}  {'wall':>8}    {'CPU':>8}    ratios (of CPU time)")
+    for key, name, seconds, note in rows:
+        print(f"{name:<{width}}  {seconds:8.3f} s  {CPU[key]:8.3f} s  {note}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--patches", type=Path, default=REPO / "patches")
     parser.add_argument("--images", type=Path, default=REPO / "images")
     parser.add_argument("--versions", default="0.30.0,0.31.0,0.32.0,0.33.0")
     parser.add_argument("--repeat", type=int, default=5, help="warm runs (the best is kept)")
+    parser.add_argument("--wheels-only", action="store_true", help="only the patched-wheel benchmark")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write every number here, for CI to keep")
+    parser.add_argument("--image", default="glm53-flash-nvfp4-4p67", help="image of the build benchmarks")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="realistic base size (1.0: ~10 GB uncompressed; 0 skips the build benchmarks)")
     args = parser.parse_args()
+    if args.wheels_only:
+        with tempfile.TemporaryDirectory(prefix="patchkit-bench-") as tmp:
+            print_rows(bench_wheels(Path(tmp), load_patchset(args.patches).series(), verify.PINNED_VLLM,
+                                    min(args.repeat, 3)))
+        return
 
     versions = args.versions.split(",")
     pinned = verify.PINNED_VLLM
@@ -200,6 +263,7 @@ def main() -> None:
                                     3, "apply-cold")
         apply_warm, _ = timed(lambda: apply_patchkit(cache), args.repeat, "apply-warm")
         apply_obv, _ = timed(apply_obvious, 1, "apply-obvious")
+        wheel_rows = bench_wheels(tmp, series, pinned, min(args.repeat, 3))
 
     n = len(versions)
     print(f"patchkit bench: {len(patchset.order)} patches, {len(images)} series, vLLM {', '.join(versions)}")
@@ -228,11 +292,34 @@ def main() -> None:
         ("apply-warm", f"apply full series on {pinned}, warm", apply_warm,
          f"{ratio('apply-obvious', 'apply-warm')} faster than obvious"),
         ("apply-obvious", f"obvious: extract all + apply on {pinned}", apply_obv, ""),
+        *wheel_rows,
     ]
-    width = max(len(r[1]) for r in rows)
-    print(f"{'':<{width}}  {'wall':>8}    {'CPU':>8}    ratios (of CPU time)")
-    for key, name, seconds, note in rows:
-        print(f"{name:<{width}}  {seconds:8.3f} s  {CPU[key]:8.3f} s  {note}")
+    print_rows(rows)
+    report = {"machine": {"cores": os.cpu_count(), "load": os.getloadavg()}, "versions": versions,
+              "timings": {key: {"wall_s": round(seconds, 4), "cpu_s": round(CPU[key], 4)}
+                          for key, _, seconds, _ in rows}}
+    report["goals"] = verify_goals(report["timings"], n)
+    if args.scale > 0:
+        from bench_images import images_bench
+
+        report["images"], image_goals = images_bench(args.image, args.scale)
+        report["goals"].update(image_goals)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+
+
+def verify_goals(timings: dict, n: int) -> dict:
+    """Cold verify against the zlib floor (the same archives decompressed by Python's zlib, in this run)."""
+    cold, floor, cli = timings["cold"], timings["floor"], timings["warm-cli"]
+    goals = {"cold_verify_vs_zlib_floor_wall": round(cold["wall_s"] / floor["wall_s"], 2),
+             "cold_verify_vs_zlib_floor_cpu": round(cold["cpu_s"] / floor["cpu_s"], 2),
+             "warm_verify_cli_s": cli["wall_s"]}
+    print()
+    print(f"cold verify, {n} releases: {goals['cold_verify_vs_zlib_floor_wall']:.2f}x the zlib floor in wall time, "
+          f"{goals['cold_verify_vs_zlib_floor_cpu']:.2f}x in CPU time (goal: <= 1.0x)")
+    print(f"warm verify, {n} releases, as a CLI process: {cli['wall_s']:.3f} s (goal: < 1 s)")
+    return goals
 
 
 if __name__ == "__main__":

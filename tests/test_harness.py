@@ -333,3 +333,15 @@ def test_the_occupancy_race_is_retried_once_after_its_delay():
     assert receipt.ok and receipt.attempts == 2 and slept[0] == 10.0
     assert [s[3] for s in head.started] == ["patchkit-smoke-lab-0", "patchkit-smoke-lab-retry-0"]
     assert head.started[0][2]["PATCHKIT_QUANTPROBE"] == "1"
+
+
+def test_allocation_probe_lines_do_not_fail_a_boot_that_came_up():
+    """NVRM allocation probes at boot are harmless when the engine comes up (docs/field-records.md); the
+    same line is the cause of a boot that never did."""
+    probe = "(Worker_TP0 pid=245) WARNING 08-28 14:03:00 [cumem.py:80] NVRM: Out of memory [NV_ERR_NO_MEMORY] _memdescAllocInternal\n"
+    text = log("lab-good.log")
+    up = judge_log(probe + text, find_variant("lab", IMAGES), True)
+    assert up.ok and up.cause is None
+    assert [(f.level, f.what) for f in up.findings if f.what == "memory"] == [("warn", "memory")]
+    down = judge_log(probe + text.split("Application startup complete")[0], find_variant("lab", IMAGES), True)
+    assert down.cause.cause == "nv-err-no-memory" and not down.ok

@@ -26,10 +26,13 @@ class Cause:
     files: tuple[str, ...] = ()  # candidate files holding `literal` across the supported releases
     record: str = ""  # where a line vLLM does not print is documented
     retry_after_s: float | None = None  # a transient: the smoke may retry once after this long
+    # False: the line also appears in boots that survive it (allocation probes, allocator retries), so it
+    # is the cause only of a boot that never came up.
+    definitive: bool = True
 
 
-def _c(name, pattern, sample, what, fix, literal="", files=(), record="", retry_after_s=None):
-    return Cause(name, re.compile(pattern), sample, what, fix, literal, tuple(files), record, retry_after_s)
+def _c(name, pattern, sample, what, fix, literal="", files=(), record="", retry_after_s=None, definitive=True):
+    return Cause(name, re.compile(pattern), sample, what, fix, literal, tuple(files), record, retry_after_s, definitive)
 
 
 # Order matters: a specific root cause wins over the generic engine-death lines that follow it.
@@ -57,12 +60,13 @@ CAUSES: tuple[Cause, ...] = (
        "the GB10 driver could not allocate unified memory (fastsafetensors staging of ~6.2 GB shards, or "
        "page cache filling memory during the load)",
        "load with --load-format safetensors and drop the page cache before the boot",
-       record="driver (NVRM) message; nvidia checkpoint under fastsafetensors (docs/field-records.md)"),
+       record="driver (NVRM) message; nvidia checkpoint under fastsafetensors (docs/field-records.md)",
+       definitive=False),  # a few NVRM allocation probes at boot are harmless (docs/field-records.md)
     _c("cuda-oom", r"CUDA out of memory|OutOfMemoryError",
        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
        "PyTorch ran out of device memory",
        "lower --max-num-batched-tokens (1024 on the lab quant) or the pinned KV pool; keep --language-model-only",
-       record="PyTorch's allocator message"),
+       record="PyTorch's allocator message", definitive=False),  # the allocator retries after logging it
     _c("missing-weight-scale", r"KeyError: .*weight_scale",
        "KeyError: model.layers.45.mtp_block.mlp.experts.routed_experts.w2_weight_scale",
        "a quantized tensor's scale has no parameter to load into: a fused module without its packed-modules "
@@ -94,6 +98,7 @@ class Found:
     cause: str
     line: str  # the log line that showed it, ANSI colours stripped
     line_no: int  # 1-based
+    definitive: bool
     what: str
     fix: str
     retry_after_s: float | None
@@ -110,7 +115,7 @@ def find_causes(text: str) -> list[Found]:
         for cause in CAUSES:
             if cause.name not in first and cause.pattern.search(line):
                 first[cause.name] = (n, line)
-    return [Found(c.name, first[c.name][1], first[c.name][0], c.what, c.fix, c.retry_after_s)
+    return [Found(c.name, first[c.name][1], first[c.name][0], c.definitive, c.what, c.fix, c.retry_after_s)
             for c in CAUSES if c.name in first]
 
 

@@ -272,7 +272,7 @@ def run_smoke(
         while True:
             health = wait_healthy(
                 base_url, variant.expect.boot_timeout_s, health_interval_s,
-                alive=lambda: all(r.running() for r in runners) and not find_causes(head.logs()),
+                alive=lambda: all(r.running() for r in runners) and not any(c.definitive for c in find_causes(head.logs())),
             )
             causes = [] if health.ok else find_causes(head.logs())
             retry = causes[0].retry_after_s if causes else None

@@ -57,9 +57,14 @@ def judge_log(text: str, variant: Variant | None, quantprobe: bool | None = None
 
     `booted=False` judges a log cut short on purpose (a live smoke stopped before startup)."""
     markers = parse_boot_log(text)
-    causes = find_causes(text)
+    seen = find_causes(text)
+    # A boot that came up survived the lines that are fatal only to a boot that never did.
+    causes = [c for c in seen if c.definitive] if markers.startup_complete else seen
     excs = exceptions(text)
-    return Verdict(markers, causes, excs, judge_boot(markers, causes, excs, variant, quantprobe, booted=booted))
+    findings = judge_boot(markers, causes, excs, variant, quantprobe, booted=booted)
+    findings += [Finding("warn", "memory", f"{c.cause} seen (line {c.line_no}: {c.line}) but the boot survived it")
+                 for c in seen if c not in causes]
+    return Verdict(markers, causes, excs, findings)
 
 
 def _engine(causes: list[Found], excs: list[str]) -> list[Finding]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -24,7 +25,7 @@ def tree(tmp_path):
     root = write_package(tmp_path / "site", {"m.py": MODEL})
     patches = write_patchset(tmp_path / "patches", {
         "p": [{"file": "m.py", "action": "replace", "anchor": "x + 1", "text": "x + 2"}],
-        "q": [{"file": "m.py", "action": "insert_after", "anchor": "    return 2\n", "text": "    # q\n"}],
+        "q": [{"file": "m.py", "action": "insert_after", "anchor": "    return 2\n", "text": "    # patchkit q: why\n"}],
     })
     return root, patches
 
@@ -141,3 +142,91 @@ def test_unknown_variant_and_smoke_mode_are_usage_errors():
     assert r.returncode == 2 and "unknown variant 'no-such-variant'" in r.stderr
     r = cli("smoke", "lab")
     assert r.returncode == 2 and "either --cpu or at least one --host" in r.stderr
+
+
+# -- failures: every one an exit code and a message (and, with --json, one JSON object) --------------
+
+
+def test_edited_patch_text_is_modified_and_neither_apply_nor_revert_touch_it(tree):
+    root, patches = tree
+    assert cli("apply", "--target", root, "--patches", patches).returncode == 0
+    target = root / "vllm/m.py"
+    target.write_text(target.read_text().replace("    # patchkit q: why\n", "    # patchkit q: why, and a note of mine\n"))
+    before = snapshot(root)
+    r = cli("status", "--target", root, "--patches", patches, "--json")
+    q = {p["id"]: p for p in json.loads(r.stdout)["patches"]}["q"]
+    assert r.returncode == 1 and q["state"] == "modified"
+    assert "+    # patchkit q: why, and a note of mine" in q["edits"][0]["detail"]
+    assert "-    # patchkit q: why\n" in q["edits"][0]["detail"]
+    for command in ("apply", "revert"):
+        r = cli(command, "--target", root, "--patches", patches)
+        assert r.returncode == 1 and "modified" in r.stdout, r.stdout
+        assert snapshot(root) == before  # no second copy inserted, no patch code left half-removed
+
+
+def test_assumed_version_that_is_not_a_version_is_exit_2_and_outside_every_range_is_exit_1(tree):
+    root, patches = tree
+    before = snapshot(root)
+    r = cli("apply", "--target", root, "--patches", patches, "--assume-version", "vllm=banana")
+    assert r.returncode == 2 and "'banana' is not a version" in r.stderr
+    for command in (["apply", "--target"], ["check", "--source"]):
+        r = cli(*command, root, "--patches", patches, "--assume-version", "vllm=0.0.1")
+        assert r.returncode == 1 and "no patch of the series applies to vllm 0.0.1" in r.stderr, r.stderr
+        assert "already applied" not in r.stdout
+    assert snapshot(root) == before
+
+
+def test_json_failure_is_one_object_on_stdout(tree):
+    root, patches = tree
+    r = cli("apply", "--target", root, "--patches", patches, "--series", "nope", "--json")
+    assert r.returncode == 2
+    assert json.loads(r.stdout) == {"ok": False, "error": {"exit_code": 2, "kind": "error",
+                                                           "message": json.loads(r.stdout)["error"]["message"]}}
+    assert "unknown series 'nope'" in json.loads(r.stdout)["error"]["message"]
+    r = cli("status", "--target", root / "missing", "--patches", patches, "--json")
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["kind"] == "usage"
+
+
+def test_crlf_and_non_utf8_files_are_named(tree):
+    root, patches = tree
+    (root / "vllm/m.py").write_bytes(MODEL.replace("\n", "\r\n").encode())
+    r = cli("check", "--source", root, "--patches", patches, "--json")
+    edit = json.loads(r.stdout)["patches"][0]["edits"][0]
+    assert r.returncode == 1 and edit["path"] == "m.py" and "CRLF" in edit["detail"]
+    (root / "vllm/m.py").write_bytes(b"\xff\xfe" + MODEL.encode())
+    r = cli("check", "--source", root, "--patches", patches)
+    assert r.returncode == 1 and "on vllm/m.py: file is not UTF-8" in r.stdout.replace("\n", " ").replace("│", "")
+
+
+def test_wrong_kind_of_file_is_exit_2_naming_it(tree):
+    root, patches = tree
+    shutil.rmtree(patches / "q")
+    (patches / "q" / "patch.toml").mkdir(parents=True)  # a directory where a file must be
+    r = cli("check", "--source", root, "--patches", patches)
+    assert r.returncode == 2 and str(patches / "q" / "patch.toml") in r.stderr and "Traceback" not in r.stderr
+
+
+def test_hostile_deep_json_is_exit_2_not_a_traceback(tmp_path):
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("[" * 200_000 + "]" * 200_000)
+    r = cli("preflight", checkpoint, "--variant", "lab")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_unexpected_error_is_exit_3_internal_error_with_how_to_report(tree, monkeypatch):
+    """The last line of defence, shown by making the planner fail as a bug would (in this process)."""
+    from click.testing import CliRunner
+
+    from patchkit.cli.main import main
+    from patchkit.patching import planner
+
+    def bug(*args, **kwargs):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(planner, "plan", bug)
+    root, patches = tree
+    r = CliRunner().invoke(main, ["status", "--target", str(root), "--patches", str(patches), "--json"])
+    assert r.exit_code == 3 and "internal error" in r.stderr and "Please report it" in r.stderr
+    assert json.loads(r.stdout)["error"] == {"exit_code": 3, "kind": "internal error",
+                                             "message": json.loads(r.stdout)["error"]["message"]}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
 import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -223,7 +224,7 @@ def _evaluate(patch: Patch, texts: _Texts, versions: dict[str, str], mode: str) 
             if _probe_hits(patch.upstreamed, texts):
                 return PatchResult(patch, State.UPSTREAMED, "upstream carries the fix: drop this patch")
         except _EditError as e:
-            return PatchResult(patch, State.BROKEN, f"upstreamed probe: {e}")
+            return PatchResult(patch, State.BROKEN, f"upstreamed probe on {patch.upstreamed.package}: {e}")
 
     edits = [e for e in patch.edits if e.package not in absent and _edit_in_range(e, versions)]
     if not edits:
@@ -274,12 +275,13 @@ def _patch_state(results: list[EditResult]) -> State:
 
 
 def _evaluate_edit(edit: Edit, texts: _Texts, staged: dict, mode: str) -> EditResult:
+    path = None
     try:
         path = _resolve(edit.package, edit.candidates, texts)
         key = (edit.package, path)
         text = staged[key] if key in staged else texts.get(*key)
     except _EditError as e:
-        return EditResult(edit, "broken", detail=str(e))
+        return EditResult(edit, "broken", path, detail=str(e))  # describe() names the file when it was found
     n_anchor = text.count(edit.anchor)
     if edit.action == "assert":
         if n_anchor == edit.count:
@@ -319,13 +321,14 @@ def _modified(edit: Edit, path: str, text: str, n_anchor: int, n_applied: int, i
 
     An insert whose anchor is intact but whose text, right beside it, is nearly the patch's text; or a
     replacement whose anchor is gone and whose nearest region is closer to the patch's text than to the
-    anchor (an upstream drift is closer to the anchor: that stays "broken"). A line of the text that
-    carries the "patchkit" marker comment found there settles it either way. A neighbour that is another
+    anchor (an upstream drift is closer to the anchor: that stays "broken"). The text's marker comment
+    ("patchkit <id>", never in upstream code) found there settles it either way. A neighbour that is another
     edit's text, whole, is that edit's business, not a modification of this one.
     """
     if n_applied:
         return None
-    markers = [line.strip() for line in edit.text.splitlines() if "patchkit" in line]
+    # "# patchkit <patch id>" starts the comment every patch leaves in its text: its marker
+    markers = {m.group(0) for m in re.finditer(r"patchkit [\w.-]*\w", edit.text)}
     if edit.action in ("insert_after", "insert_before") and n_anchor == edit.count:
         width = max(1, edit.text.count("\n"))
         for start in _find_all(text, edit.anchor):
@@ -336,7 +339,7 @@ def _modified(edit: Edit, path: str, text: str, n_anchor: int, n_applied: int, i
             if any(other != edit.text and other in region for other in inserted):
                 continue
             similarity = difflib.SequenceMatcher(None, edit.text, region, autojunk=False).ratio()
-            marked = any(m in (line.strip() for line in region.splitlines()) for m in markers)
+            marked = any(m in region for m in markers)
             if similarity >= INSERT_SIMILARITY or marked:
                 return _modified_result(edit, path, text, edit.text, region)
         return None
@@ -396,7 +399,13 @@ def _resolve(package: str, candidates: tuple[str, ...], texts: _Texts) -> str:
 
 def _probe_hits(probe: Probe, texts: _Texts) -> bool:
     existing = [c for c in probe.candidates if texts.exists(probe.package, c)]
-    return any(probe.contains in texts.get(probe.package, c) for c in existing)
+    for candidate in existing:
+        try:
+            if probe.contains in texts.get(probe.package, candidate):
+                return True
+        except _EditError as e:
+            raise _EditError(f"{probe.package}/{candidate}: {e}") from None
+    return False
 
 
 def _check_readable(texts: _Texts, results: list[PatchResult]) -> None:

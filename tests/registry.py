@@ -4,10 +4,16 @@ tests/test_build.py, and runnable: `python tests/registry.py base DIR` writes th
 
 - `Registry`: Debian's `docker-registry` (CNCF distribution 2.8) on 127.0.0.1 with its own config,
   filesystem storage in a temporary directory and a free port; stopped (by its pid) on exit.
-- `make_base`: a synthetic linux/arm64 base image whose vLLM is the real vLLM 0.33.0 package from its
-  sdist (obtained through patchkit.sources, so the user cache), at the real site-packages path, with
-  the dist-info METADATA pip writes, stale bytecode for every module, and an amd64 sibling in a Docker
-  manifest list (as Docker Hub serves multi-arch images).
+- `make_base`: a synthetic linux/arm64 base image whose vLLM and FlashInfer are the real packages from
+  their sdists (obtained through patchkit.sources, so the user cache), at the real dist-packages path,
+  each in its own layer with the dist-info METADATA pip writes and stale bytecode for every module, and
+  an amd64 sibling in a Docker manifest list (as Docker Hub serves multi-arch images).
+- Two stand-ins (`StandIn`, `make_stand_in`): `RELEASE`, vLLM 0.33.0 with the FlashInfer it pins
+  (0.7.2.post1), and `PINNED`, the stand-in for the images' pinned base
+  vllm/vllm-openai:glm53-flash-arm64-cu130: vLLM 0.30.0's files (the layout of that base's nightly)
+  under the dist-info version the image definition declares for it (0.1.dev20051+g487ecf187) and
+  FlashInfer 0.6.18.post1 (the base's registry records; docs/field-records.md), read from
+  images/glm53-flash-nvfp4/image.toml so the stand-in follows the definition.
 - `flatten`: an independent reading of an image's layers (plain tarfile, whiteouts applied) into a
   dict path -> bytes, to check what a container would see.
 """
@@ -26,6 +32,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,6 +41,8 @@ import requests
 REGISTRY_BINARY = "/usr/bin/docker-registry"
 SITE = "usr/local/lib/python3.12/dist-packages"
 VLLM_VERSION = "0.33.0"
+FLASHINFER_VERSION = "0.7.2.post1"  # what vLLM 0.33.0 pins (requirements/cuda.txt)
+ROOT_IMAGE = Path(__file__).resolve().parents[1] / "images" / "glm53-flash-nvfp4" / "image.toml"
 DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
@@ -108,15 +117,50 @@ def registry_server(tmp_path_factory):
 
 
 # -- synthetic base -----------------------------------------------------------------------------------
-def vllm_sdist() -> Path:
-    """The vLLM 0.33.0 sdist, through patchkit.sources (downloaded once into the user cache)."""
+@dataclass(frozen=True)
+class StandIn:
+    """What a synthetic base holds in place of a real one's vLLM and FlashInfer."""
+
+    name: str
+    vllm: str               # the release whose vllm/ files it carries
+    vllm_metadata: str      # the Version its vllm dist-info states
+    flashinfer: str         # the flashinfer-python release it carries, dist-info included
+    site: str = SITE        # dist-packages directory, no leading slash
+
+
+RELEASE = StandIn("0.33.0", vllm=VLLM_VERSION, vllm_metadata=VLLM_VERSION, flashinfer=FLASHINFER_VERSION)
+
+
+def pinned_stand_in() -> StandIn:
+    """The stand-in for the images' pinned base, as images/glm53-flash-nvfp4/image.toml describes it: its
+    vLLM dist-info version and the release layout it matches, at its package path; FlashInfer
+    0.6.18.post1 unless the definition declares a version (the base's registry records say 0.6.18.post1)."""
+    import tomllib
+
+    packages = tomllib.loads(ROOT_IMAGE.read_text())["packages"]
+    vllm = packages["vllm"]
+    return StandIn("pinned", vllm=vllm.get("layout") or vllm["version"], vllm_metadata=vllm["version"],
+                   flashinfer=packages["flashinfer"].get("version", "0.6.18.post1"),
+                   site=os.path.dirname(vllm["path"]).lstrip("/"))
+
+
+def _cached_sdist(spec: str, dist: str, version: str) -> Path:
     from patchkit.sources import open_source
     from patchkit.sources.cache import SdistCache
 
-    open_source(VLLM_VERSION, progress=False)
-    cached = SdistCache().lookup("vllm", VLLM_VERSION)
-    assert cached is not None, "patchkit.sources did not cache the vLLM sdist"
+    open_source(spec, progress=False)
+    cached = SdistCache().lookup(dist, version)
+    assert cached is not None, f"patchkit.sources did not cache the {dist} {version} sdist"
     return cached.path
+
+
+def vllm_sdist(version: str = VLLM_VERSION) -> Path:
+    """A vLLM release's sdist, through patchkit.sources (downloaded once into the user cache)."""
+    return _cached_sdist(f"vllm=={version}", "vllm", version)
+
+
+def flashinfer_sdist(version: str = FLASHINFER_VERSION) -> Path:
+    return _cached_sdist(f"flashinfer-python=={version}", "flashinfer-python", version)
 
 
 def tar_gz(files: dict[str, bytes | None], *, level: int = 1, symlinks: dict[str, str] | None = None) -> tuple[bytes, str]:
@@ -149,17 +193,29 @@ def tar_gz(files: dict[str, bytes | None], *, level: int = 1, symlinks: dict[str
     return out.getvalue(), "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-def vllm_files(sdist: Path, edit: Callable[[str, bytes], bytes] | None = None) -> dict[str, bytes]:
-    """Every file of the vllm package in the sdist, at its site-packages path (optionally edited)."""
-    top = f"vllm-{VLLM_VERSION}/vllm/"
+def package_files(sdist: Path, package: str, edit: Callable[[str, bytes], bytes] | None = None,
+                  site: str = SITE) -> dict[str, bytes]:
+    """Every file of `package`'s directory in the sdist (`<top>/<package>/...`), at its dist-packages
+    path (optionally edited; `edit` gets the path relative to dist-packages)."""
     out: dict[str, bytes] = {}
     with tarfile.open(sdist, "r:gz") as tar:
         for info in tar:
-            if info.isfile() and info.name.startswith(top):
-                rel = info.name[len(f"vllm-{VLLM_VERSION}/"):]
+            rel = info.name.partition("/")[2]
+            if info.isfile() and rel.startswith(f"{package}/"):
                 data = tar.extractfile(info).read()
-                out[f"{SITE}/{rel}"] = edit(rel, data) if edit else data
+                out[f"{site}/{rel}"] = edit(rel, data) if edit else data
     return out
+
+
+def vllm_files(sdist: Path, edit: Callable[[str, bytes], bytes] | None = None, site: str = SITE) -> dict[str, bytes]:
+    """Every file of the vllm package in the sdist, at its site-packages path (optionally edited)."""
+    return package_files(sdist, "vllm", edit, site)
+
+
+def dist_info(site: str, name: str, version: str) -> dict[str, bytes]:
+    """The METADATA pip writes for `name` `version` (the fields patchkit reads), at its dist-info path."""
+    folder = f"{name.replace('-', '_')}-{version}.dist-info"
+    return {f"{site}/{folder}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n".encode()}
 
 
 def stale_bytecode(files: dict[str, bytes]) -> dict[str, bytes]:
@@ -174,13 +230,22 @@ def stale_bytecode(files: dict[str, bytes]) -> dict[str, bytes]:
     return out
 
 
-def make_base(sdist: Path, dest: Path, *, edit: Callable[[str, bytes], bytes] | None = None) -> dict:
+def make_stand_in(stand_in: StandIn, dest: Path, *, edit: Callable[[str, bytes], bytes] | None = None) -> dict:
+    """`make_base` for a stand-in: its vLLM release's files, dist-info versions and FlashInfer."""
+    return make_base(vllm_sdist(stand_in.vllm), dest, edit=edit, stand_in=stand_in)
+
+
+def make_base(sdist: Path, dest: Path, *, edit: Callable[[str, bytes], bytes] | None = None,
+              stand_in: StandIn = RELEASE) -> dict:
     """Write the synthetic base as an OCI layout at `dest` (Docker media types inside, as Docker Hub
     serves them). Returns {"blobs": {digest: bytes}, "index": digest, "arm64": digest, "layers": [...]}.
 
-    arm64 layers, bottom to top: an OS-like layer; the vllm package + METADATA + stale bytecode; a small
-    top layer (an unrelated file, and a whiteout deleting an unrelated file from the OS layer).
+    arm64 layers, bottom to top: an OS-like layer; the vllm package (from `sdist`) + METADATA + stale
+    bytecode; the flashinfer package + METADATA + stale bytecode; a small top layer (an unrelated file,
+    and a whiteout deleting an unrelated file from the OS layer). `stand_in` names the dist-info
+    versions, the FlashInfer release and the dist-packages path.
     """
+    site = stand_in.site
     import hashlib
 
     blobs: dict[str, bytes] = {}
@@ -196,10 +261,12 @@ def make_base(sdist: Path, dest: Path, *, edit: Callable[[str, bytes], bytes] | 
         return {"mediaType": DOCKER_LAYER, "digest": put(blob), "size": len(blob), "diff_id": diff_id}
 
     os_layer = layer({"etc/os-release": b'ID=synthetic\nVERSION_ID="1"\n', "etc/obsolete": b"gone\n",
-                      "usr/bin": None, f"{SITE}": None})
-    vllm = vllm_files(sdist, edit)
-    metadata = f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n\n".encode()
-    vllm_layer = layer({**vllm, **stale_bytecode(vllm), f"{SITE}/vllm-{VLLM_VERSION}.dist-info/METADATA": metadata})
+                      "usr/bin": None, f"{site}": None})
+    vllm = vllm_files(sdist, edit, site)
+    vllm_layer = layer({**vllm, **stale_bytecode(vllm), **dist_info(site, "vllm", stand_in.vllm_metadata)})
+    flashinfer = package_files(flashinfer_sdist(stand_in.flashinfer), "flashinfer", edit, site)
+    flashinfer_layer = layer({**flashinfer, **stale_bytecode(flashinfer),
+                              **dist_info(site, "flashinfer-python", stand_in.flashinfer)})
     top_blob, top_diff = _top_layer()
     top = {"mediaType": DOCKER_LAYER, "digest": put(top_blob), "size": len(top_blob), "diff_id": top_diff}
 
@@ -221,7 +288,7 @@ def make_base(sdist: Path, dest: Path, *, edit: Callable[[str, bytes], bytes] | 
         return {"mediaType": DOCKER_MANIFEST, "digest": put(data), "size": len(data), "platform": platform}
 
     amd64 = image("amd64", [layer({"etc/os-release": b"ID=other\n"})])
-    arm64 = image("arm64", [os_layer, vllm_layer, top], variant="v8")
+    arm64 = image("arm64", [os_layer, vllm_layer, flashinfer_layer, top], variant="v8")
     index = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_LIST, "manifests": [amd64, arm64]}).encode()
     index_digest = put(index)
     if dest.exists():
@@ -234,7 +301,8 @@ def make_base(sdist: Path, dest: Path, *, edit: Callable[[str, bytes], bytes] | 
         {"mediaType": DOCKER_LIST, "digest": index_digest, "size": len(index),
          "annotations": {"org.opencontainers.image.ref.name": "base"}}]}))
     return {"blobs": blobs, "manifests": manifests, "index": index_digest, "layout": dest, "arm64": arm64["digest"],
-            "layers": [os_layer["digest"], vllm_layer["digest"], top["digest"]], "index_bytes": index}
+            "layers": [os_layer["digest"], vllm_layer["digest"], flashinfer_layer["digest"], top["digest"]],
+            "index_bytes": index, "stand_in": stand_in}
 
 
 def small_layout(dest: Path, layers: list[tuple[bytes, str]], *, arch: str = "arm64", media_type: str = DOCKER_LAYER) -> str:
@@ -361,13 +429,16 @@ def _bench(image: str) -> None:
 
 
 if __name__ == "__main__":
-    # python tests/registry.py base DIR      -> the synthetic base as an OCI layout (use --base DIR:base)
-    # python tests/registry.py bench [IMAGE] -> daemonless vs buildah bud, as a ratio (nox -s bench)
+    # python tests/registry.py base DIR [pinned] -> a synthetic base as an OCI layout (use --base DIR:base):
+    #     vLLM 0.33.0 + FlashInfer 0.7.2.post1, or with `pinned` the pinned base's stand-in
+    # python tests/registry.py bench [IMAGE]      -> daemonless vs buildah bud, as a ratio (nox -s bench)
     command = sys.argv[1] if len(sys.argv) > 1 else ""
-    if command == "base" and len(sys.argv) == 3:
-        made = make_base(vllm_sdist(), Path(sys.argv[2]))
-        print(f"{sys.argv[2]}:base  (linux/arm64 {made['arm64']}, index {made['index']})")
+    if command == "base" and len(sys.argv) in (3, 4) and sys.argv[3:] in ([], ["pinned"]):
+        stand_in = pinned_stand_in() if sys.argv[3:] else RELEASE
+        made = make_stand_in(stand_in, Path(sys.argv[2]))
+        print(f"{sys.argv[2]}:base  (linux/arm64 {made['arm64']}, index {made['index']}; vLLM {stand_in.vllm} files "
+              f"as {stand_in.vllm_metadata}, FlashInfer {stand_in.flashinfer})")
     elif command == "bench":
         _bench(sys.argv[2] if len(sys.argv) > 2 else "glm53-flash-nvfp4-4p67")
     else:
-        sys.exit("usage: python tests/registry.py base DIR | bench [IMAGE]")
+        sys.exit("usage: python tests/registry.py base DIR [pinned] | bench [IMAGE]")

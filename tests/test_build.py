@@ -1,13 +1,21 @@
-"""Image builds end to end with real components: a real registry (Debian's docker-registry), a synthetic
-linux/arm64 base holding the real vLLM 0.33.0 package, the real patch set and image definitions, and
-(where it runs) podman's Docker-API service for the engine path. Images are pulled back over HTTP and
-flattened with plain tarfile code, independently of patchkit's own reader."""
+"""Image builds end to end with real components: a real registry (Debian's docker-registry), synthetic
+linux/arm64 bases holding real released packages (tests/registry.py), the real patch set and image
+definitions, and (where it runs) podman's Docker-API service for the engine path. Images are pulled back
+over HTTP and flattened with plain tarfile code, independently of patchkit's own reader.
+
+Two bases: the stand-in for the images' pinned base (vLLM 0.30.0's files under the day-0 nightly's
+dist-info version 0.1.dev20051+g487ecf187, FlashInfer 0.6.18.post1), on which every image is built
+through its own definition (the definition's base reference pinned to the stand-in's digest, so its
+declared version and layout speak for it, as they do for the real base); and vLLM 0.33.0 with FlashInfer
+0.7.2.post1, given with --base (it speaks for itself). Every anchor of every carried patch is asserted
+on each."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -16,10 +24,13 @@ from pathlib import Path
 
 import pytest
 import registry as reg_helpers
+from packaging.version import Version
 from registry import (  # noqa: F401
     flatten,
     free_port,
     make_base,
+    make_stand_in,
+    pinned_stand_in,
     pull_blob,
     pull_manifest,
     push_base,
@@ -83,9 +94,81 @@ def base_ref(base, registry_server):
     return push_base(base, registry_server.host, "vllm/base")
 
 
+PINNED_REPO, PINNED_TAG = "vllm/vllm-openai", "glm53-flash-arm64-cu130"
+
+
+@pytest.fixture(scope="module")
+def pinned(registry_server, tmp_path_factory):
+    """The pinned base's stand-in in the registry, and a copy of images/ whose root definition pins it by
+    digest (children inherit the base), everything else byte for byte the repository's definitions."""
+    made = make_stand_in(pinned_stand_in(), tmp_path_factory.mktemp("pinned") / "layout")
+    ref = push_base(made, registry_server.host, PINNED_REPO, tag=PINNED_TAG)
+    images = tmp_path_factory.mktemp("images") / "images"
+    shutil.copytree(ROOT / "images", images)
+    root = images / "glm53-flash-nvfp4" / "image.toml"
+    text, n = re.subn(r'^ref = "vllm/vllm-openai:glm53-flash-arm64-cu130@sha256:[0-9a-f]{64}"$', f'ref = "{ref}"',
+                      root.read_text(), flags=re.MULTILINE)
+    assert n == 1, "the root image no longer pins vllm/vllm-openai:glm53-flash-arm64-cu130 by digest"
+    root.write_text(text)
+    return {"base": made, "ref": ref, "images": images}
+
+
 def run_build(image, tmp_path, **kw):
     kw.setdefault("cache", tmp_path / "cache")
     return build(image, revision=REVISION, source_url=SOURCE, epoch=EPOCH, quiet=True, **kw)
+
+
+def assert_every_anchor(prepared, image):
+    """Each series patch is carried with every edit meant for the base's releases found exactly `count`
+    times (pending, or holding for an assert), or left out only because upstream carries it."""
+    versions = prepared.engine_versions  # what the ranges and edit versions were judged against
+    results = {r.patch.id: r for r in prepared.plan.results}
+    carried = [p.id for p in prepared.carried]
+    skipped = {p.id: state for p, state, _ in prepared.skipped}
+    assert set(skipped.values()) <= {"upstreamed"}, skipped
+    assert sorted(carried + list(skipped)) == sorted(image.series)
+    for patch in prepared.carried:
+        meant = [e for e in patch.edits
+                 if e.versions is None or e.versions.contains(Version(versions[e.package]), prereleases=True)]
+        checked = results[patch.id].edits
+        assert [r.edit for r in checked] == meant, f"{patch.id}: edits checked differ from the edits meant"
+        for r in checked:
+            assert (r.state, r.found) == ("holds" if r.edit.action == "assert" else "pending", r.edit.count), (
+                f"{patch.id} {r.describe()}")
+    return carried
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("image_name", IMAGES)
+def test_every_image_builds_on_the_pinned_base_stand_in(image_name, pinned, registry_server, patchset, tmp_path):
+    host = registry_server.host
+    result = run_build(image_name, tmp_path, images_dir=pinned["images"], push=[f"{host}/pinned-out/{image_name}"])
+    prepared = result.built.prepared
+    image = load_image(pinned["images"], image_name, patchset)
+    stand_in = pinned_stand_in()
+    # the base's own dist-info versions; the ranges judged on the layout the definition declares
+    assert prepared.versions == {"vllm": stand_in.vllm_metadata, "flashinfer": stand_in.flashinfer}
+    assert prepared.engine_versions == {"vllm": "0.30.0", "flashinfer": "0.6.18.post1"}
+    carried = assert_every_anchor(prepared, image)
+    assert "nope-mla-pad" in carried, "the NoPE-MLA pad must build on FlashInfer 0.6.18.post1"
+    assert ("naming-shim" in carried) == (image_name in {"glm53-flash-nvfp4-lab", "glm53-flash-nvfp4-4p67"})
+    assert "quantprobe" in carried
+    # the nightly's layout: models/glm5next/nvidia/; FlashInfer 0.6's single-module sm120 sparse MLA
+    paths = {(c.package, c.path) for c in prepared.plan.changes}
+    assert all(not p.startswith("models/glm5next/common/") for pkg, p in paths if pkg == "vllm")
+    assert ("flashinfer", "mla/_sparse_mla_sm120.py") in paths
+
+    manifest = json.loads(pull_manifest(host, f"pinned-out/{image_name}", result.built.tag)[0])
+    assert [l["digest"] for l in manifest["layers"][:-1]] == pinned["base"]["layers"]
+    ann = manifest["annotations"]
+    assert ann["org.opencontainers.image.base.name"] == f"{host}/{PINNED_REPO}:{PINNED_TAG}"
+    assert ann["dev.patchkit.series"] == ",".join(carried)
+    assert result.built.version.startswith(f"{stand_in.vllm_metadata}-")
+    fs = flatten([pull_blob(host, f"pinned-out/{image_name}", l["digest"]) for l in manifest["layers"]])
+    for f in prepared.files:
+        assert fs[f.path.lstrip("/")][0] == f.data != f.change.old
+        if f.path.endswith(".py"):
+            compile(f.data, f.path, "exec")
 
 
 @pytest.mark.registry
@@ -98,6 +181,8 @@ def test_every_image_builds_pushes_and_pulls_back(image_name, base, base_ref, re
     result = run_build(image_name, tmp_path, base=base_ref, push=[f"{host}/out/{image_name}"])
     built = result.built
     image = load_image(ROOT / "images", image_name, patchset)
+    # a base given with --base speaks for itself: vLLM 0.33.0 and the FlashInfer it pins
+    assert built.prepared.versions == built.prepared.engine_versions == {"vllm": "0.33.0", "flashinfer": "0.7.2.post1"}
 
     # what the registry serves under the computed tag is exactly the built manifest
     manifest_bytes, media_type = pull_manifest(host, f"out/{image_name}", built.tag)
@@ -108,14 +193,15 @@ def test_every_image_builds_pushes_and_pulls_back(image_name, base, base_ref, re
 
     # platform, layers, history
     assert (config["os"], config["architecture"]) == ("linux", "arm64")
-    assert len(manifest["layers"]) == 4 and {l["mediaType"] for l in manifest["layers"]} == {OCI_LAYER_GZIP}
-    assert [l["digest"] for l in manifest["layers"][:3]] == base["layers"]
+    assert len(manifest["layers"]) == len(base["layers"]) + 1
+    assert {l["mediaType"] for l in manifest["layers"]} == {OCI_LAYER_GZIP}
+    assert [l["digest"] for l in manifest["layers"][:-1]] == base["layers"]
     assert config["rootfs"]["diff_ids"][-1] == built.layer.diff_id
     assert image_name in config["history"][-1]["created_by"]
 
     # base layers were mounted from the base repository, never uploaded
     assert all(f"push {d[7:19]}" not in recorder.tasks for d in base["layers"])
-    assert sum(n.startswith("mounted sha256:") for n in recorder.notes) == 3
+    assert sum(n.startswith("mounted sha256:") for n in recorder.notes) == len(base["layers"])
 
     # annotations and labels
     ann = manifest["annotations"]
@@ -125,8 +211,7 @@ def test_every_image_builds_pushes_and_pulls_back(image_name, base, base_ref, re
     assert ann["org.opencontainers.image.revision"] == REVISION
     assert ann["org.opencontainers.image.version"] == built.version
     assert built.version.startswith("0.33.0-") and built.tag == built.version
-    carried = [p.id for p in built.prepared.carried]
-    assert carried == list(image.series), "every patch of the series applies to 0.33.0"
+    carried = assert_every_anchor(built.prepared, image)
     assert ann["dev.patchkit.series"] == ",".join(carried)
     for pid in carried:
         assert ann[f"dev.patchkit.patch.{pid}"] == patchset.patch(pid).digest
@@ -365,7 +450,7 @@ def test_push_to_another_registry_streams_the_base_without_caching_it(base, base
     with reg_helpers.Registry(tmp_path / "other") as other:
         result = run_build("glm53-flash-nvfp4-redhat", tmp_path, base=base_ref, push=[f"{other.host}/mirror/img:t"])
         manifest = json.loads(pull_manifest(other.host, "mirror/img", "t")[0])
-        assert [l["digest"] for l in manifest["layers"][:3]] == base["layers"]
+        assert [l["digest"] for l in manifest["layers"][:-1]] == base["layers"]
         for layer in manifest["layers"]:
             assert pull_blob(other.host, "mirror/img", layer["digest"]) == (
                 base["blobs"].get(layer["digest"]) or result.built.layer.blob)

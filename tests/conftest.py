@@ -6,6 +6,12 @@ applied by patchkit itself. Probes run in subprocesses because a module imported
 swapped for its patched twin in the same interpreter.
 
 PATCHKIT_TEST_EXCLUDE=id1,id2 leaves patches out of the patched copy: each behaviour test must then fail.
+
+The release under test is whichever vLLM is installed: noxfile.py builds one environment per supported
+release and runs the release-sensitive tests in each. `vllm_release` and `vllm_layout` tell a test which
+release and GLM source layout it is looking at; a test meaningful on only some releases skips on the
+others with the reason in its code (tests/ran_where.py then refuses a release inside a patch's range
+where none of its behaviour tests passed).
 """
 
 from __future__ import annotations
@@ -20,11 +26,17 @@ from pathlib import Path
 
 import pytest
 
+from packaging.version import Version
+from probes import GlmLayout, glm_layout
+
 from patchkit.patching.copies import patched_copy
 from patchkit.patching.patchset import load_patchset
 
 REPO = Path(__file__).resolve().parents[1]
-pytest_plugins = ["not_run"]  # the closing "what did not run" summary
+pytest_plugins = [
+    "not_run",  # the closing "what did not run" summary
+    "release_record",  # PATCHKIT_RESULTS: each test's outcome on the installed release, for tests/ran_where.py
+]
 
 
 @dataclass
@@ -74,3 +86,18 @@ def patched_vllm(tmp_path_factory) -> VllmTree:
     patched_copy(installed, site, [p for p in patchset.series() if p.id not in excluded])
     return VllmTree(root=site, python=sys.executable)
 
+
+
+@pytest.fixture(scope="session")
+def vllm_release() -> Version:
+    """The installed vLLM's version: the release under test (stock and patched trees are copies of it)."""
+    from importlib.metadata import version
+
+    _installed_vllm()
+    return Version(version("vllm"))
+
+
+@pytest.fixture(scope="session")
+def vllm_layout() -> GlmLayout:
+    """Where the release under test keeps GLM-5.3's model code (tests/probes.py GlmLayout)."""
+    return glm_layout(_installed_vllm())

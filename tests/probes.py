@@ -1,7 +1,14 @@
-"""Per-module probe fixtures for the patch behaviour tests (the trees come from tests/conftest.py)."""
+"""Per-module probe fixtures for the patch behaviour tests (the trees come from tests/conftest.py), and
+the GLM-5.3 source layout of the release under test.
+
+Release-agnostic tests: the release under test is the installed vLLM (`vllm_release` fixture, a
+packaging Version); where the GLM model code lives in it is `vllm_layout` (a `GlmLayout`). A probe
+imports through `layout.module("model")` and friends, never a hard-coded `common.`/`nvidia.` path.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -9,19 +16,55 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def probe_fixtures(code: str, env: dict[str, str] | None = None):
+@dataclass(frozen=True)
+class GlmLayout:
+    """Where one release keeps GLM-5.3's model code (module paths, importable in a probe).
+
+    0.30.0 (the default day-0 base's layout): model, attention, KDA and MTP in models/glm5next/nvidia/,
+    the kpool indexer (which calls persistent_topk itself) in model_executor/layers/
+    sparse_attn_indexer_kpool.py. 0.31.0-0.33.0: model code in models/glm5next/common/, the kpool indexer
+    split per platform, models/glm5next/nvidia/sparse_indexer.py for CUDA."""
+
+    name: str  # "0.30" | "0.31": the first release with this layout
+    package: str  # the package holding model.py, attention.py, kda.py, mtp.py
+    kpool_indexer: str  # the module defining the CUDA SparseAttnIndexerKpool
+
+    def module(self, name: str) -> str:
+        """`model` -> `vllm.models.glm5next.common.model` (or `.nvidia.model` on the 0.30 layout)."""
+        return f"{self.package}.{name}"
+
+
+LAYOUT_030 = GlmLayout("0.30", "vllm.models.glm5next.nvidia", "vllm.model_executor.layers.sparse_attn_indexer_kpool")
+LAYOUT_031 = GlmLayout("0.31", "vllm.models.glm5next.common", "vllm.models.glm5next.nvidia.sparse_indexer")
+
+
+def glm_layout(vllm_package: Path) -> GlmLayout:
+    """The layout of the vLLM package directory `vllm_package` (…/site-packages/vllm), read off its files."""
+    if (vllm_package / "models" / "glm5next" / "common" / "model.py").exists():
+        return LAYOUT_031
+    if (vllm_package / "models" / "glm5next" / "nvidia" / "model.py").exists():
+        return LAYOUT_030
+    raise AssertionError(f"{vllm_package}: no GLM-5.3 model code in either known layout (0.30 nvidia/, 0.31 common/)")
+
+
+def probe_fixtures(code, env: dict[str, str] | None = None):
     """Module-scoped `stock` and `patched` fixtures: `code` run once in each tree, its JSON result.
 
+    `code` is the probe's source, or a function of the release's GlmLayout returning it (for a probe
+    that imports GLM modules whose place differs between releases: `lambda layout: PROBE.replace(...)`).
     Usage in a patch's test module: `stock, patched = probe_fixtures(PROBE, ENV)`.
     """
 
-    @pytest.fixture(scope="module")
-    def stock(stock_vllm):
-        return stock_vllm.run(code, env=env)
+    def source(layout: GlmLayout) -> str:
+        return code(layout) if callable(code) else code
 
     @pytest.fixture(scope="module")
-    def patched(patched_vllm):
-        return patched_vllm.run(code, env=env)
+    def stock(stock_vllm, vllm_layout):
+        return stock_vllm.run(source(vllm_layout), env=env)
+
+    @pytest.fixture(scope="module")
+    def patched(patched_vllm, vllm_layout):
+        return patched_vllm.run(source(vllm_layout), env=env)
 
     return stock, patched
 

@@ -214,9 +214,10 @@ def test_for_node_adds_multinode_flags():
 
 
 @pytest.mark.vllm
-def test_vllm_033_parser_accepts_every_variant_command(stock_vllm):
-    """Every flag must exist in the pinned vLLM: parse each argv with the test environment's own vLLM
-    serve parser (the `stock_vllm` fixture fails, never skips, when PATCHKIT_REQUIRE_VLLM=1)."""
+def test_vllm_parser_accepts_every_variant_command(stock_vllm):
+    """Every flag must exist in each supported release: parse each argv with the test environment's own
+    vLLM serve parser (noxfile.py runs this in every release's environment; the `stock_vllm` fixture
+    fails, never skips, when PATCHKIT_REQUIRE_VLLM=1)."""
     argvs = [list(serve_command(v).argv[2:]) for v in load_variants(IMAGES).values()]
     code = f"""
 import json

@@ -16,16 +16,14 @@ from pathlib import Path
 import pytest
 
 from patchkit.variants.definitions import load_variants
-from patchkit.variants.smoke.cpu import (
-    LAYOUTS,
-    SRC,
-    TINY_DIMS,
+from patchkit.variants.smoke.cpu import _job, build_checkpoints, smoke_cpu
+from patchkit.variants.smoke.load_check import judge
+from patchkit.variants.smoke.quantprobe import SRC, probe_prefixes, quantprobe
+from patchkit.variants.smoke.synthetic_config import (
     hf_quant_config,
     modelopt_config_json,
-    modules,
-    probe_prefixes,
-    smoke_cpu,
 )
+from patchkit.variants.smoke.synthetic_layout import LAYOUTS, TINY_DIMS, modules
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
 def _modelopt_python() -> Path | None:
@@ -105,8 +103,6 @@ def test_patched_vllm_loads_every_variant(patched_vllm, workdir):
 def test_nvidia_needs_the_mtp_override(stock_vllm, workdir):
     """Without serve-args' --hf-overrides, vLLM builds the BF16 predictor NVFP4."""
     _need_modelopt()
-    from patchkit.variants.smoke.cpu import _job, build_checkpoints, judge, quantprobe
-
     nvidia = load_variants(IMAGES)["nvidia-nvfp4"]
     build_checkpoints([nvidia.name], workdir, str(MODELOPT_PYTHON))
     job, stored = _job(nvidia, workdir, exclude_mtp=False)

@@ -122,6 +122,18 @@ def probe_prelude() -> str:
     return f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
 
 
+def glm_module(name: str):
+    """A module of the installed release's GLM-5.3 model package (`model`, `attention`, `kda`, `mtp`):
+    models/glm5next/common/ from 0.31.0, models/glm5next/nvidia/ on 0.30.0 (the default base's layout).
+    Found through the class vLLM's registry exports, so a probe never names either layout."""
+    import importlib
+
+    from vllm.models import glm5next
+
+    package = glm5next.Glm5NextForCausalLM.__module__.rsplit(".", 1)[0]
+    return importlib.import_module(f"{package}.{name}")
+
+
 def as_literal(value: object) -> str:
     """A JSON value as a Python expression for probe code."""
     return f"json.loads({json.dumps(json.dumps(value))})"
@@ -207,7 +219,7 @@ class Glm5NextOnCpu:
         import torch
         import vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method as unquantized_moe
         from vllm.model_executor.layers.quantization import fp8, modelopt
-        from vllm.models.glm5next.common import attention
+        attention = glm_module("attention")
 
         modelopt.select_linear_kernel = lambda *args, **kwargs: None
         modelopt.expose_input_quant_key = lambda *args, **kwargs: None
@@ -238,8 +250,7 @@ class Glm5NextOnCpu:
         self.configure("Glm5NextForConditionalGeneration", "Glm5NextForCausalLM")
 
     def decoder_layer(self, index: int, prefix: str):
-        from vllm.models.glm5next.common.model import Glm5NextDecoderLayer
-
+        Glm5NextDecoderLayer = glm_module("model").Glm5NextDecoderLayer
         is_mtp = index >= NUM_HIDDEN_LAYERS
         buffer = self.torch.empty(16, 2048 + 64, dtype=self.torch.int32)
         return Glm5NextDecoderLayer(

@@ -24,7 +24,7 @@ PROBE = probe_prelude() + r'''
 import json, tempfile
 import torch
 from quant_configs import *
-from vllm.models.glm5next.common.model import Glm5NextModel
+Glm5NextModel = glm_module("model").Glm5NextModel
 
 env = Glm5NextOnCpu(tempfile.mkdtemp())
 generator = torch.Generator().manual_seed(0)

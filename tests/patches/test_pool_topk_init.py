@@ -1,10 +1,11 @@
 """pool-topk-init: pool_topk entries the top-k kernel does not write read as -1, at both sites.
 
-One probe per tree runs vLLM's real `sparse_attn_indexer_kpool` (models/glm5next/nvidia/sparse_indexer.py)
-on CPU through its decode path and its prefill path, with real indexer metadata and forward context,
+One probe per tree runs vLLM's real `sparse_attn_indexer_kpool` (0.31.0 on: models/glm5next/nvidia/
+sparse_indexer.py; 0.30.0, the default base's layout: model_executor/layers/sparse_attn_indexer_kpool.py) on CPU through its decode path and its prefill path, with real indexer metadata and forward context,
 and vLLM's real Triton expansion kernels (`expand_pools_and_append_tail`, `expand_pools_to_tokens`)
 executed by Triton's CPU interpreter. Stand-ins, GPU-only: the DeepGEMM MQA-logits kernels, and the
-top-k kernels, replaced by kernels that write row 0 and nothing else -- the rows a top-k kernel leaves
+top-k kernels (0.31.0 on: what `get_indexer_topk` returns; 0.30.0: vLLM's `_C.top_k_per_row_*` ops,
+which its kpool indexer calls itself), replaced by kernels that write row 0 and nothing else -- the rows a top-k kernel leaves
 unwritten (a kernel that fails on the device, as persistent_topk on SM12x). PyTorch's deterministic
 mode fills uninitialised integer memory with INT32_MAX, so what `torch.empty` hands back is visible
 instead of whatever the allocator last held.
@@ -30,7 +31,9 @@ torch.use_deterministic_algorithms(True)  # uninitialised ints read INT32_MAX
 
 from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.forward_context import set_forward_context
-from vllm.models.glm5next.nvidia import sparse_indexer as si
+import importlib, inspect
+import vllm.utils.deep_gemm as deep_gemm
+si = importlib.import_module("KPOOL_INDEXER")
 from vllm.v1.attention.backends.mla.indexer import (
     DeepseekV32IndexerMetadata, DeepseekV32IndexerPrefillChunkMetadata, DeepseekV32IndexerPrefillMetadata,
     DeepSeekV32IndexerDecodeMetadata)
@@ -51,10 +54,18 @@ library = torch.library.Library("_C", "DEF")  # vLLM's CUDA op name, a CPU body
 library.define("top_k_per_row_prefill(Tensor logits, Tensor row_starts, Tensor row_ends, Tensor(a!) indices, "
                "int num_rows, int stride0, int stride1, int topk) -> ()")
 library.impl("top_k_per_row_prefill", lambda logits, s, e, indices, n, s0, s1, k: first_row_only(indices, k), "CPU")
+# 0.30.0's decode path calls this op itself (off CUDA); from 0.31.0 it goes through get_indexer_topk
+library.define("top_k_per_row_decode(Tensor logits, int next_n, Tensor seq_lens, Tensor(a!) indices, "
+               "int num_rows, int stride0, int stride1, int topk) -> ()")
+library.impl("top_k_per_row_decode", lambda logits, n, lens, indices, r, s0, s1, k: first_row_only(indices, k), "CPU")
 si.get_indexer_topk = lambda backend: DecodeTopk()
-si.fp8_fp4_paged_mqa_logits = lambda q, kv, w, lens, bt, sm, max_model_len, **kw: torch.zeros(
+paged_logits = lambda q, kv, w, lens, bt, sm, max_model_len, **kw: torch.zeros(
     q[0].shape[0] * q[0].shape[1], max_model_len, dtype=torch.float32)
-si.fp8_fp4_mqa_logits = lambda q, kv, w, ks, ke, max_seqlen_k, **kw: torch.zeros(q[0].shape[0], 8, dtype=torch.float32)
+mqa_logits = lambda q, kv, w, ks, ke, max_seqlen_k=None, **kw: torch.zeros(q[0].shape[0], 8, dtype=torch.float32)
+for module in (si, deep_gemm):  # 0.30.0 imports them from deep_gemm inside the function, later releases at the top
+    module.fp8_fp4_paged_mqa_logits, module.fp8_fp4_mqa_logits = paged_logits, mqa_logits
+# the pool-granular logits width: max_pool_len from 0.31.0, max_model_len in 0.30.0
+POOL_LEN = "max_pool_len" if "max_pool_len" in inspect.signature(si.sparse_attn_indexer_kpool).parameters else "max_model_len"
 
 pool_ids = {}
 def spy(name):  # records the pool ids each real expansion kernel receives, then runs it
@@ -74,7 +85,7 @@ def indexer(meta):
             kv_cache=torch.zeros(4, 64, HEAD + 4, dtype=torch.uint8),
             q_quant=torch.zeros(ROWS, 2, HEAD, dtype=torch.float8_e4m3fn), q_scale=None, k=torch.zeros(ROWS, HEAD),
             weights=torch.ones(ROWS, 2), quant_block_size=128, scale_fmt="ue8m0", topk_tokens=TOPK, head_dim=HEAD,
-            max_pool_len=8, total_seq_lens=ROWS * SEQ, skip_k_cache_insert=True, index_kpool=KPOOL, positions=None,
+            **{POOL_LEN: 8}, total_seq_lens=ROWS * SEQ, skip_k_cache_insert=True, index_kpool=KPOOL, positions=None,
             topk_indices_buffer=torch.zeros(ROWS, TOPK + KPOOL - 1, dtype=torch.int32)).tolist()
 
 decode = DeepseekV32IndexerMetadata(
@@ -103,7 +114,7 @@ DECODE_TAIL = [28, 29, -1]  # seq 30: the incomplete pool's two tokens, then pad
 PREFILL_TAIL = [-1, -1, -1]  # the prefill expansion appends no tail
 
 
-stock, patched = probe_fixtures(PROBE, ENV)
+stock, patched = probe_fixtures(lambda layout: PROBE.replace("KPOOL_INDEXER", layout.kpool_indexer), ENV)
 
 
 @pytest.mark.parametrize("site", ["expand_pools_and_append_tail", "expand_pools_to_tokens"])

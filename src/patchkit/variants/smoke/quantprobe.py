@@ -1,0 +1,144 @@
+"""Resolving every quantizable layer of a checkpoint through the real (stock or patched) vLLM
+quantization code: the quantprobe table. `quantprobe` runs the worker (`probe`) in the vLLM
+environment's interpreter, with the tree under test first on its path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from patchkit.errors import PatchkitError
+from patchkit.variants.smoke.synthetic_layout import PREFIX, Dims, Layout, is_kda
+
+SRC = Path(__file__).resolve().parents[3]  # the directory holding the patchkit package
+
+
+def run_worker(python: str, args: list[str], pythonpath: list[Path], timeout: int) -> str:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in pythonpath), VLLM_LOGGING_LEVEL="ERROR")
+    proc = subprocess.run([python, "-m", "patchkit.variants.smoke.cpu", *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise PatchkitError(f"smoke worker {args[0]} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+
+def probe_prefixes(layout: Layout, d: Dims) -> list[tuple[str, str, str, str]]:
+    """(layer class, vLLM prefix, checkpoint module whose storage it loads, how vLLM builds it) for every
+    quantizable layer. `built`: "model" = constructed with the model's quant config; "attention" = a
+    KDA/MLA/indexer projection, constructed with whatever config the tree passes those constructors;
+    "none" = the indexer's fused wk_weights_proj, constructed with quant_config=None in every tree."""
+    rows = []
+    last = d.layers + (d.mtp_layers if layout.has_mtp else 0)
+    for layer in range(last):
+        mtp = layer >= d.layers
+        vp = f"model.layers.{layer}" if mtp else f"language_model.model.layers.{layer}"
+        hp = f"{PREFIX}.layers.{layer}"
+        a = "attention"
+        if is_kda(layer) and not mtp:
+            rows += [("LinearBase", f"{vp}.self_attn.in_proj_qkvbfg_a", f"{hp}.self_attn.q_proj", a)]
+            rows += [("LinearBase", f"{vp}.self_attn.{p}", f"{hp}.self_attn.{p}", a) for p in ("f_b_proj", "g_b_proj", "o_proj")]
+        else:
+            rows += [("LinearBase", f"{vp}.self_attn.fused_qkv_a_proj", f"{hp}.self_attn.q_a_proj", a)]
+            rows += [("LinearBase", f"{vp}.self_attn.{p}", f"{hp}.self_attn.{p}", a) for p in ("q_b_proj", "kv_b_proj", "o_proj")]
+            rows += [("LinearBase", f"{vp}.self_attn.indexer.wq_b", f"{hp}.self_attn.indexer.wq_b", a),
+                     ("LinearBase", f"{vp}.self_attn.indexer.wk_weights_proj", f"{hp}.self_attn.indexer.wk", "none")]
+        if layer < d.dense_layers:
+            rows += [("LinearBase", f"{vp}.mlp.gate_up_proj", f"{hp}.mlp.gate_proj", "model"),
+                     ("LinearBase", f"{vp}.mlp.down_proj", f"{hp}.mlp.down_proj", "model")]
+        else:
+            rows += [("RoutedExperts", f"{vp}.mlp.experts", f"{hp}.mlp.experts.0.gate_proj", "model"),
+                     ("LinearBase", f"{vp}.mlp.shared_experts.gate_up_proj", f"{hp}.mlp.shared_experts.gate_proj", "model"),
+                     ("LinearBase", f"{vp}.mlp.shared_experts.down_proj", f"{hp}.mlp.shared_experts.down_proj", "model")]
+    rows.append(("LinearBase", "language_model.lm_head", "lm_head", "model"))
+    return rows
+
+
+def probe(jobs: list[dict]) -> list[list[dict]]:
+    """Worker, in the vLLM environment (stock or patched tree first on sys.path): resolve every prefix.
+
+    Runs vLLM's own code: the method vLLM's override rule picks for this quantization_config
+    (`override_quantization_method`, as ModelConfig._verify_quantization does), the config class's
+    `from_config`, `configure_quant_config` with the real model classes in the order the loader
+    builds them (Glm5NextForConditionalGeneration, its inner Glm5NextForCausalLM, then the Glm5NextMTP
+    draft, which reuses the target's config object), the config the tree hands the KDA/MLA constructors
+    (the patched tree's `glm5next_layer_quant_config`; upstream passes None, kda.py ~213, model.py
+    ~408), then the exclusion and per-layer resolution `get_quant_method` applies. It stops there:
+    layers are not constructed (their MoE kernels need CUDA), so no weight loader runs."""
+    from vllm.model_executor.layers.quantization import get_quantization_config
+    from vllm.model_executor.model_loader.utils import configure_quant_config
+    from vllm.models.glm5next import (
+        Glm5NextForCausalLM,
+        Glm5NextForConditionalGeneration,
+        Glm5NextMTP,
+    )
+
+    # The module defining the model classes: models/glm5next/common/model.py from 0.31.0,
+    # models/glm5next/nvidia/model.py on 0.30.0 (the default base's layout).
+    glm = sys.modules[Glm5NextForCausalLM.__module__]
+
+    results = []
+    for job in jobs:
+        config = json.loads((Path(job["checkpoint"]) / "config.json").read_text())
+        # A dict-valued --hf-overrides replaces the attribute whole (ModelConfig._apply_dict_overrides).
+        config.update(job["overrides"])
+        quant, method = config["quantization_config"], job["method"]
+        cls = get_quantization_config(method)
+        chosen = cls.override_quantization_method(quant, method) or quant["quant_method"]
+        if chosen != method:
+            raise PatchkitError(f"vLLM resolves {job['checkpoint']} to {chosen!r}, not {method!r}")
+        qc = cls.from_config(quant)
+        classes = (Glm5NextForConditionalGeneration, Glm5NextForCausalLM) + ((Glm5NextMTP,) if job["speculative"] else ())
+        for model_class in classes:
+            configure_quant_config(qc, model_class)
+        layer_qc = glm.glm5next_layer_quant_config(qc) if hasattr(glm, "glm5next_layer_quant_config") else None
+        rows = []
+        for layer, prefix, module, built in job["prefixes"]:
+            given = {"model": qc, "attention": layer_qc, "none": None}[built]
+            algo = "None" if given is None else _algo(given, method, layer, prefix)
+            rows.append({"layer": layer, "prefix": prefix, "module": module, "built": built, "algo": algo})
+        results.append(rows)
+    return results
+
+
+def _algo(qc, method: str, layer: str, prefix: str) -> str:
+    """The algorithm get_quant_method would build `prefix` with, or "None" (unquantized)."""
+    if method == "compressed-tensors":
+        from vllm.model_executor.layers.linear import RowParallelLinear
+        from vllm.model_executor.layers.quantization.compressed_tensors.utils import (
+            find_matched_target,
+            should_ignore_layer,
+        )
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        if should_ignore_layer(prefix, ignore=qc.ignore, fused_mapping=qc.packed_modules_mapping):
+            return "None"
+        # Targets match by layer name or by the module's class name ("Linear" is contained in every
+        # LinearBase subclass's name, not in ParallelLMHead's); routed experts are Linear modules in the
+        # checkpoint. Only the class name is read, so an uninitialised instance stands for the layer.
+        cls = ParallelLMHead if prefix.endswith("lm_head") else RowParallelLinear
+        target = find_matched_target(prefix, object.__new__(cls), qc.target_scheme_map, qc.packed_modules_mapping)
+        if target is None:
+            return "None"
+        return "NVFP4" if qc.quant_format == "nvfp4-pack-quantized" else str(qc.quant_format)
+    if qc.is_layer_excluded(prefix):
+        return "None"
+    if method == "modelopt_mixed":
+        algo = qc._resolve_quant_algo(prefix)
+        return "None" if algo is None else algo
+    return qc.quant_method
+
+
+def quantprobe(jobs: list[dict], python: str, vllm_root: Path | None = None, timeout: int = 900) -> list[list[dict]]:
+    """Quantprobe tables for several checkpoints in one interpreter of the vLLM tree at `vllm_root`
+    (None: `python`'s own vLLM). A job: checkpoint, method, speculative, overrides, prefixes."""
+    import tempfile
+
+    path = [p for p in (vllm_root, SRC) if p is not None]
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as fh:  # too long for a command line
+        json.dump(jobs, fh)
+        fh.flush()
+        out = run_worker(python, ["probe", fh.name], path, timeout)
+    return json.loads(out.strip().splitlines()[-1])

@@ -236,3 +236,22 @@ def test_intent_round_trip_is_what_recovery_reads():
 
     entries = [Entry("vllm/a.py", sha256(b"a"), sha256(b"b"), 0o644)]
     assert decode_intent(encode_intent(entries), "test") == entries
+
+
+def test_committed_new_copy_that_does_not_hash_as_recorded_is_refused(hostile):
+    root, patches, _, before = hostile
+    target = "vllm/models/glm5next/nvidia/sparse_indexer.py"
+    old = (root / target).read_bytes()
+    crafted_journal(root, [entry(target, old=old, new=b"what the journal promised\n")])
+    stray = root / "vllm/models/glm5next/nvidia/.sparse_indexer.py.patchkit-new"
+    stray.write_bytes(b"something else\n")
+    refused(cli("status", "--target", root, "--patches", patches), str(stray), "does not hold the bytes")
+    assert (root / target).read_bytes() == old and stray.exists()
+
+
+def test_hard_linked_copy_is_patched_without_writing_through_to_the_original(hostile, scratch):
+    root, patches, _, before = hostile
+    copy = scratch / "linked"
+    shutil.copytree(root, copy, copy_function=os.link)
+    assert cli("apply", "--target", copy, "--patches", patches).code == 0
+    assert tree_bytes(root) == before["tree"] and tree_bytes(copy) != before["tree"]

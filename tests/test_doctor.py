@@ -65,3 +65,11 @@ def test_doctor_bad_input_exits_2():
     assert run.returncode == 2 and "cannot read the log" in run.stderr and "Traceback" not in run.stderr
     unknown = doctor(LOGS / "lab-good.log", "--variant", "no-such-variant")
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
+
+
+def test_doctor_asks_for_quantprobe_lines_only_when_told_the_switch_was_on():
+    unknown = json.loads(doctor(LOGS / "redhat-good.log", "--variant", "redhat", "--json").stdout)
+    assert unknown["ok"] and [f["level"] for f in unknown["findings"] if f["what"] == "quantprobe"] == ["warn"]
+    told = doctor(LOGS / "redhat-good.log", "--variant", "redhat", "--quantprobe", "--json")
+    assert told.returncode == 1
+    assert any("printed no [quantprobe] line" in f["detail"] for f in json.loads(told.stdout)["findings"])

@@ -69,7 +69,8 @@ def _render(verdict, variant_name: str | None) -> None:
 @click.argument("log")
 @click.option("--variant", help="Judge against this variant's expectations (quantprobe, speculator, KV pool, weights).")
 @click.option("--quantprobe/--no-quantprobe", default=None,
-              help="Whether the image carries the quantprobe patch (default: from the variant's image series).")
+              help="The boot ran with PATCHKIT_QUANTPROBE=1 on an image carrying the quantprobe patch (its lines "
+              "are then required) / did not (default: unknown; lines are judged when present).")
 @click.option("--booted/--cut-short", default=True, show_default=True,
               help="--cut-short judges a log that ends before startup on purpose (no startup/KV failures).")
 @json_option
@@ -78,9 +79,8 @@ def doctor(log, variant, quantprobe, booted, as_json):
     from patchkit.variants.definitions import find_variant
     from patchkit.variants.smoke.judge import judge_log
 
+    # Unknown by default: every image carries the patch, but only the live smoke knows the switch was on.
     chosen = find_variant(variant, default_dir("images", "PATCHKIT_IMAGES")) if variant else None
-    if chosen is not None and quantprobe is None:
-        quantprobe = image_carries_quantprobe(chosen.image)
     verdict = judge_log(_read(log), chosen, quantprobe, booted=booted)
     if as_json:
         click.echo(json.dumps({"log": log, "variant": chosen.name if chosen else None, **verdict.to_dict()}, indent=2))

@@ -10,12 +10,12 @@ base's layers is reachable from here).
 
 What is real: every file of the vllm package of the vLLM 0.33.0 sdist and of the flashinfer package of
 the FlashInfer release it pins (flashinfer-python 0.7.2.post1, requirements/cuda.txt), at their
-site-packages paths, with the dist-info METADATA pip writes and stale bytecode for every vLLM module.
+site-packages paths, with the dist-info METADATA and RECORD pip writes and stale bytecode for every vLLM module.
 What is filler: everything else, files of a repeated 4 KiB pseudo-random block, which gzip packs about
 80:1, so the full-size base costs ~130 MB of disk and the reader still does real inflate work.
 
 `scale` multiplies every filler size and count (1.0: ~10 GB uncompressed; the tests use 0.001). A
-generated layout is cached under `$PATCHKIT_CACHE_DIR/realistic-base/<scale>/` (user cache by
+generated layout is cached under `$PATCHKIT_CACHE_DIR/realistic-base/<generation>-<scale>/` (user cache by
 default) and reused: the layer tars are deterministic (fixed mtimes, sorted entries, one gzip level).
 
     python tests/realistic_base.py layout [--scale 1.0]      # print the layout directory
@@ -38,6 +38,7 @@ from isal import isal_zlib
 from registry import DOCKER_CONFIG, DOCKER_LAYER, DOCKER_MANIFEST, SITE, VLLM_VERSION, stale_bytecode, vllm_files, vllm_sdist
 
 FLASHINFER_VERSION = "0.7.2.post1"      # vLLM 0.33.0's requirements/cuda.txt pin
+GENERATION = "v2"                       # bump when the shape changes: cached layouts are keyed by it
 MTIME = 1_700_000_000
 GB, MB = 1 << 30, 1 << 20
 _BLOCK = random.Random(13).randbytes(4096)
@@ -162,6 +163,14 @@ def _entries(layer: LayerShape, scale: float) -> Iterator[tuple[str, str, int, b
         each = max(1, round(f.size * scale / count))
         for i in range(count):
             files[f"{f.folder}/{f.stem}{i}{f.suffix}"] = (each, None)
+    if layer.real in ("vllm", "flashinfer"):
+        # pip's RECORD lists every file of the install (hash and size columns left empty here)
+        info = next(k for k in files if k.endswith(".dist-info/METADATA"))
+        record = info.replace("/METADATA", "/RECORD")
+        lines = [f"{k[len(SITE) + 1:]},," for k in sorted(files) if k.startswith(SITE + "/")] + [
+            f"{record[len(SITE) + 1:]},,"]
+        data = ("\n".join(lines) + "\n").encode()
+        files[record] = (len(data), data)
     for w in layer.whiteouts:
         head, _, tail = w.rpartition("/")
         files[f"{head}/.wh.{tail}" if head else f".wh.{tail}"] = (0, b"")
@@ -206,7 +215,7 @@ def write_layer(layer: LayerShape, scale: float, blobs: Path) -> dict:
 
 def cache_dir(scale: float) -> Path:
     root = os.environ.get("PATCHKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "patchkit"
-    return Path(root) / "realistic-base" / f"{scale:g}"
+    return Path(root) / "realistic-base" / f"{GENERATION}-{scale:g}"
 
 
 def realistic_layout(scale: float = 1.0, dest: Path | None = None) -> dict:

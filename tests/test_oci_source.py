@@ -38,6 +38,35 @@ def test_top_most_layer_wins_and_lower_layers_are_not_read(tmp_path):
     assert len(src.layers_read) == 3
 
 
+def test_the_install_layers_record_bounds_how_far_down_an_absent_file_is_looked_for(tmp_path):
+    """pip's RECORD lists every file of an install: a path it does not list, absent from the install layer
+    and above, is absent; the layers below (the OS, CUDA and torch gigabytes of a real base) are not read.
+    A path RECORD lists but the install layer lacks is looked for further down (fail closed)."""
+    bottom = tar_gz({"etc/os-release": b"x", f"{SITE}/vllm/stray.py": b"from an older install\n"})
+    record = b"vllm/__init__.py,sha256=x,1\nvllm/a.py,,\nvllm/stray.py,,\nvllm-1.2.3.dist-info/RECORD,,\n"
+    install = tar_gz({f"{SITE}/vllm/__init__.py": b"\n", f"{SITE}/vllm/a.py": b"a\n",
+                      f"{SITE}/vllm-1.2.3.dist-info/METADATA": meta(),
+                      f"{SITE}/vllm-1.2.3.dist-info/RECORD": record})
+    top = tar_gz({"etc/motd": b"hi"})
+    src = source(tmp_path, [bottom, install, top])
+    assert src.read("vllm", "a.py") == b"a\n"
+    assert src.read("vllm", "missing.py") is None
+    assert src.versions() == {"vllm": "1.2.3"}
+    assert len(src.layers_read) == 2, "the layer below the install was not needed"
+    assert src.read("vllm", "stray.py") == b"from an older install\n"  # listed, so looked for below
+    assert len(src.layers_read) == 3
+
+
+def test_a_record_removed_by_an_upper_layer_bounds_nothing(tmp_path):
+    bottom = tar_gz({f"{SITE}/vllm/old.py": b"old\n"})
+    install = tar_gz({f"{SITE}/vllm/__init__.py": b"\n", f"{SITE}/vllm-1.2.3.dist-info/METADATA": meta(),
+                      f"{SITE}/vllm-1.2.3.dist-info/RECORD": b"vllm/__init__.py,,\n"})
+    top = raw_layer([(f"{SITE}/.wh.vllm-1.2.3.dist-info", b""), (f"{SITE}/vllm-1.2.3.dist-info", None),
+                     (f"{SITE}/vllm-1.2.3.dist-info/METADATA", meta())])
+    src = source(tmp_path, [bottom, install, top])
+    assert src.read("vllm", "old.py") == b"old\n"
+
+
 def test_whiteouts_and_opaque_directories_hide_lower_files(tmp_path):
     bottom = tar_gz({f"{SITE}/vllm/a.py": b"a\n", f"{SITE}/vllm/sub/c.py": b"c\n", f"{SITE}/vllm/d.py": b"d\n",
                      f"{SITE}/vllm-1.2.3.dist-info/METADATA": meta()})

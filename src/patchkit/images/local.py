@@ -21,6 +21,7 @@ import io
 import posixpath
 import re
 import tarfile
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -95,10 +96,20 @@ class ContainerSource(PackagePaths):
         self.client, self.base = client, base
         self.packages = {p.name: p for p in packages}
         self.received = 0                                               # bytes read from the engine
+        self._count = threading.Lock()
         self._files: dict[str, tuple[Member, bytes] | None] = {}        # image path -> (entry, bytes)
         self.description = f"{base.name} ({base.image_id[:19]}) in the local engine"
         self.container = client.containers.create(base.image_id, command=["/patchkit-never-runs"],
                                                   entrypoint=[], network_disabled=True)
+        self._mount_once()
+
+    def _mount_once(self) -> None:
+        """podman mounts a created container's file system again for every archive request (~0.3 s each
+        here); mounting it once through its own API (libpod, beside the Docker one) halves the reads.
+        Docker keeps no such cost and has no such endpoint: nothing to do there."""
+        components = {c.get("Name", "") for c in self.client.version().get("Components") or []}
+        if any("Podman" in name for name in components):
+            self.client.api.post(self.client.api._url("/libpod/containers/{0}/mount", self.container.id))
 
     def close(self) -> None:
         self.container.remove(force=True)
@@ -109,7 +120,14 @@ class ContainerSource(PackagePaths):
         return found[1] if found else None
 
     def prefetch(self, files: Iterable[tuple[str, str]]) -> None:
-        """Nothing to batch: each file is one small request, made when the planner reads it."""
+        """Read every file the series may name, a few requests at a time (each is one round trip)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        names = {"/" + n for package, path in files if (n := self._path(package, path))}
+        names |= {"/" + normalize(f"{p.root}/{m}") for p in self.packages.values()
+                  if (m := VERSION_MODULES.get(p.name))}
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(self._fetch, sorted(names)))
 
     def meta(self, image_path: str) -> Member | None:
         found = self._fetch(image_path)
@@ -134,7 +152,8 @@ class ContainerSource(PackagePaths):
         except docker.errors.APIError as exc:
             raise PatchkitError(f"the engine cannot read {name} from {self.base.spec}: {exc.explanation or exc}"
                                 ) from None
-        self.received += len(raw)
+        with self._count:
+            self.received += len(raw)
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
             info = tar.next()
             if info is None:

@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Literal
 
+from isal import igzip, isal_zlib
+
 from patchkit.errors import PatchkitError
 from patchkit.oci.media import OCI_LAYER_GZIP
 
@@ -151,9 +153,10 @@ def iter_layer(stream: BinaryIO, what: str) -> Iterator[tuple[Member, tarfile.Ta
     """
     head = stream.read(2)
     rest = _Prefixed(head, stream)
-    # gzip.GzipFile checks the CRC and length at the end of the stream (tarfile's own "r|gz" does not,
+    # ISA-L's inflate (isal, ~2.5x zlib: a vLLM layer is gigabytes). Like gzip.GzipFile it checks the
+    # CRC and length at the end of the stream (tarfile's own "r|gz" does not,
     # and takes a truncated archive for a short one), so the stream is drained to its end below.
-    inner = gzip.GzipFile(fileobj=rest, mode="rb") if head == b"\x1f\x8b" else rest
+    inner = igzip.IGzipFile(fileobj=rest, mode="rb") if head == b"\x1f\x8b" else rest
     try:
         with tarfile.open(fileobj=inner, mode="r|") as tar:
             for info in tar:
@@ -171,7 +174,7 @@ def iter_layer(stream: BinaryIO, what: str) -> Iterator[tuple[Member, tarfile.Ta
                 yield member, tar, info
         while inner.read(1 << 20):
             pass
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+    except (tarfile.TarError, OSError, EOFError, zlib.error, isal_zlib.error) as exc:
         raise PatchkitError(f"cannot read layer {what}: {exc.__class__.__name__}: {exc}") from None
 
 

@@ -3,9 +3,10 @@
 The engine asks for files one at a time (`read(package, path)`); this answers from the merged view of
 the layers without unpacking the image: layers are streamed top-most first and a lookup stops at the
 first layer that holds the path (or hides it with a whiteout, an opaque directory, or a non-directory
-parent), so layers below the one holding the files are never fetched. Each layer read keeps a small
-listing of the paths that matter (the package trees, their ancestors and the `*.dist-info/METADATA`
-beside them) and the contents of the files asked for, so a layer is streamed once when the build
+parent), so layers below the one holding the files are never fetched. A path that is absent stops at
+the layer that installed its package when that install's dist-info RECORD does not list it (below).
+Each layer read keeps a small listing of the paths that matter (the package trees, their ancestors and
+the `*.dist-info/METADATA` and `RECORD` beside them) and the contents of the files asked for, so a layer is streamed once when the build
 announces its files with `prefetch()` first.
 
 Only regular files are read: a target that is a symlink or hard link in the base is refused (a patch
@@ -14,7 +15,9 @@ written through a link would change a file the anchors were never checked agains
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import posixpath
 import re
 from collections.abc import Iterable
@@ -29,6 +32,7 @@ from patchkit.oci.layer import Member, iter_layer, normalize
 from patchkit.oci.media import READABLE_LAYERS
 
 _METADATA_RE = re.compile(r"^(?P<name>[^/]+)-(?P<version>[^/-]+)\.dist-info/METADATA$")
+_RECORD_RE = re.compile(r"^(?P<name>[^/]+)-(?P<version>[^/-]+)\.dist-info/RECORD$")
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,7 @@ class ImageLayersSource(PackagePaths):
         self._sites = {posixpath.dirname(r) for r in self._roots}
         self._root_ancestors = {a for r in self._roots for a in _ancestors(r)}
         self._listings: dict[int, _Listing] = {}
+        self._records: dict[str, set[str]] = {}
         self._wanted: set[str] = set()
         self._versions: dict[str, str] | None = None
         self.description = f"{base.name}@{base.digest} ({base.platform}) layers"
@@ -163,7 +168,7 @@ class ImageLayersSource(PackagePaths):
         parent = posixpath.dirname(name)
         if parent in self._sites and name.endswith(".dist-info"):
             return True
-        return posixpath.dirname(parent) in self._sites and name.endswith(".dist-info/METADATA")
+        return posixpath.dirname(parent) in self._sites and name.endswith((".dist-info/METADATA", ".dist-info/RECORD"))
 
     def _visible(self, name: str) -> tuple[int, Member] | None:
         for index in reversed(range(len(self.base.layers))):
@@ -173,11 +178,48 @@ class ImageLayersSource(PackagePaths):
                 return index, member
             if name in listing.whiteouts:
                 return None
-            for parent in _ancestors(name):
-                entry = listing.entries.get(parent)
-                if parent in listing.whiteouts or parent in listing.opaque or (entry and entry.kind != "dir"):
-                    return None
+            if self._hidden_in(listing, name) or self._not_installed_below(name, index):
+                return None
         return None
+
+    @staticmethod
+    def _hidden_in(listing: _Listing, name: str) -> bool:
+        for parent in _ancestors(name):
+            entry = listing.entries.get(parent)
+            if parent in listing.whiteouts or parent in listing.opaque or (entry and entry.kind != "dir"):
+                return True
+        return False
+
+    def _not_installed_below(self, name: str, index: int) -> bool:
+        """True when package file `name` is absent from layer `index` and below: that layer installed the
+        package (it holds the visible dist-info RECORD pip wrote for it), and RECORD does not list `name`.
+
+        pip writes every file of an install into RECORD, and an upgrade uninstalls the old files first
+        (whiteouts in the upgrading layer), so a package file missing from the install layer and from
+        RECORD exists in no lower layer either: those layers, the CUDA, torch and OS gigabytes of a real
+        base, need not be fetched to prove a path absent. A base without RECORD is read all the way down.
+        """
+        pkg = next((p for p in self.packages.values() if name.startswith(p.root + "/")), None)
+        if pkg is None:
+            return False
+        site = posixpath.dirname(pkg.root)
+        want = canonicalize_name(pkg.distribution)
+        listing = self._listings[index]
+        for entry in listing.content:
+            m = _RECORD_RE.match(entry[len(site) + 1:]) if entry.startswith(site + "/") else None
+            if not m or canonicalize_name(m.group("name")) != want:
+                continue
+            if any(entry in self._listings[i].whiteouts or self._hidden_in(self._listings[i], entry)
+                   for i in range(index + 1, len(self.base.layers))):
+                continue  # an upper layer removed this install's dist-info: RECORD speaks for nothing
+            return name[len(site) + 1:] not in self._record(entry, listing)
+        return False
+
+    def _record(self, name: str, listing: _Listing) -> set[str]:
+        if name not in self._records:
+            rows = csv.reader(io.StringIO(listing.content[name].decode("utf-8", "replace")))
+            self._records[name] = {posixpath.normpath(row[0]) for row in rows if row}
+        return self._records[name]
 
     def _scan(self, index: int) -> _Listing:
         desc = self.base.layers[index]
@@ -198,7 +240,7 @@ class ImageLayersSource(PackagePaths):
                     listing.opaque.add(name)
                 else:
                     listing.entries[name] = member
-                    if member.kind == "file" and (name in self._wanted or name.endswith("/METADATA")):
+                    if member.kind == "file" and (name in self._wanted or name.endswith(("/METADATA", "/RECORD"))):
                         listing.content[name] = tar.extractfile(info).read()
             if stream.finish() != digest:
                 raise PatchkitError(f"{self.base.spec}: layer {digest} does not match its digest")

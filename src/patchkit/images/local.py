@@ -261,4 +261,6 @@ def build_local(prepared: Prepared, client, *, push: Sequence[str] = (), epoch: 
     loaded.image_id = engine_build(client, context.getvalue(), loaded.local_tag, str(prepared.base.platform),
                                    progress)
     engine_push(client, loaded.image_id, loaded.local_tag, tags)
+    if not tags:  # a moving name for scripts (`patchkit smoke --image patchkit/IMAGE:latest`)
+        client.images.get(loaded.image_id).tag(f"patchkit/{prepared.image.name}", "latest")
     return loaded

@@ -47,7 +47,7 @@ def test_doctor_passes_a_good_boot_against_its_variant_and_reads_stdin():
     data = json.loads(good.stdout)
     assert data["variant"] == "lab" and data["cause"] is None
     assert data["speculative"] == {"method": "mtp", "draft_architecture": "Glm5NextMTPModel", "num_spec_tokens": 3,
-                                   "acceptance_lengths": [3.12]}
+                                   "acceptance_lengths": [3.12], "acceptance": 1 + 3 * 1950 / 2760}
     # Against the variant without a speculator the same log fails, naming what attached.
     redhat = json.loads(doctor(LOGS / "lab-good.log", "--variant", "redhat", "--json").stdout)
     assert "mtp (Glm5NextMTPModel) attached; the variant expects none" in [f["detail"] for f in redhat["findings"]]

@@ -121,10 +121,10 @@ def test_speculator_method_must_match_the_variant():
 
 def test_acceptance_outside_the_reference_band_and_a_broken_drafter():
     text = log("lab-good.log")
-    low = judge_log(text.replace("Mean acceptance length: 3.12", "Mean acceptance length: 2.10"), find_variant("lab", IMAGES), True)
+    low = judge_log(text.replace("Mean acceptance length: 3.12", "Mean acceptance length: 2.10").replace("Accepted: 1950", "Accepted: 1012"), find_variant("lab", IMAGES), True)
     assert low.ok and ("warn", "mean acceptance length 2.10 over 1 intervals; the reference boot gave 2.9-3.5") in [
         (f.level, f.detail) for f in low.findings if f.what == "acceptance"]
-    broken = judge_log(text.replace("Mean acceptance length: 3.12", "Mean acceptance length: 1.00"), find_variant("lab", IMAGES), True)
+    broken = judge_log(text.replace("Mean acceptance length: 3.12", "Mean acceptance length: 1.00").replace("Accepted: 1950", "Accepted: 0"), find_variant("lab", IMAGES), True)
     assert "acceptance: mean acceptance length 1.00: the target rejects the drafts (a broken drafter)" in fails(broken.findings)
 
 
@@ -149,6 +149,9 @@ def test_real_mtp_engine_log_gives_the_acceptance_per_interval():
     m = judged("public/tenhkspark-route-h-mtp2-engine.log", None).markers
     assert m.acceptance_lengths == [2.33, 2.67, 2.38, 3.0, 2.89, 2.58, 3.0, 2.95, 2.95, 2.96]
     assert m.mean_acceptance_length == 2.96 and m.spec_evidence  # a speculator is running
+    # Weighted by drafts (1 + k * accepted / drafted, k=2 for this MTP K=2 server): 1025 of 1060 accepted.
+    assert m.accepted_drafted[-1] == (481, 490)
+    assert round(m.overall_acceptance(2), 3) == 2.934 and round(m.overall_acceptance(None), 3) == 2.771
     assert m.spec_method == "unknown"  # the excerpt starts after the banner: the method is not shown
 
 

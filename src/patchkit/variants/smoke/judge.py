@@ -46,7 +46,8 @@ class Verdict:
             "causes": [c.to_dict() for c in self.causes],
             "exceptions": self.exceptions,
             "speculative": {"method": m.spec_method, "draft_architecture": m.draft_architecture,
-                            "num_spec_tokens": m.spec_tokens, "acceptance_lengths": m.acceptance_lengths},
+                            "num_spec_tokens": m.spec_tokens, "acceptance_lengths": m.acceptance_lengths,
+                            "acceptance": m.overall_acceptance(m.spec_tokens)},
             "markers": asdict(m),
             "findings": [asdict(f) for f in self.findings],
         }
@@ -121,7 +122,7 @@ def _speculative(markers: BootMarkers, variant: Variant) -> list[Finding]:
     if not acc:
         out.append(Finding("warn", "acceptance", "no SpecDecoding metrics line yet (vLLM logs one per interval under traffic)"))
         return out
-    mean = sum(acc) / len(acc)
+    mean = markers.overall_acceptance(markers.spec_tokens or (spec.num_speculative_tokens if spec else None))
     if mean <= _REJECTS_ALL:
         out.append(Finding("fail", "acceptance", f"mean acceptance length {mean:.2f}: the target rejects the drafts (a broken drafter)"))
     elif band and not band[0] <= mean <= band[1]:

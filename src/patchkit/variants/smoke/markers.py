@@ -69,7 +69,8 @@ MARKERS: tuple[Marker, ...] = (
        "(Worker_TP0 pid=245) INFO 08-28 14:14:26 [llm_base_proposer.py:1505] Detected MTP model. Sharing target model embedding weights with the draft model."),
     _m("drafter-v1", r"Loading drafter model", "Loading drafter model...", ["vllm/v1/worker/gpu_model_runner.py"],
        "(EngineCore pid=7476) INFO 07-25 13:42:16 [gpu_model_runner.py:5233] Loading drafter model..."),
-    _m("spec-metrics", r"SpecDecoding metrics: Mean acceptance length: ([\d.]+)", "SpecDecoding metrics: ",
+    _m("spec-metrics", r"SpecDecoding metrics: Mean acceptance length: ([\d.]+).*?Accepted: (\d+) tokens, Drafted: (\d+) tokens",
+       "SpecDecoding metrics: ",
        ["vllm/v1/spec_decode/metrics.py"],
        "(APIServer pid=1) INFO 09-18 09:28:16 [metrics.py:120] SpecDecoding metrics: Mean acceptance length: 2.33, Accepted throughput: 0.13 tokens/s, Drafted throughput: 0.20 tokens/s, Accepted: 4 tokens, Drafted: 6 tokens, Per-position acceptance rate: 0.667, 0.667, Avg Draft acceptance rate: 66.7%"),
     _m("startup", r"Application startup complete", "Application startup complete.", ["uvicorn/lifespan/on.py"],
@@ -102,12 +103,24 @@ class BootMarkers:
     spec_tokens: int | None = None
     spec_evidence: list[str] = field(default_factory=list)  # the lines that show a drafter attached
     acceptance_lengths: list[float] = field(default_factory=list)  # each SpecDecoding metrics line
+    accepted_drafted: list[tuple[int, int]] = field(default_factory=list)  # its Accepted / Drafted tokens
     lines: int = 0
 
     @property
     def mean_acceptance_length(self) -> float | None:
         """The last interval's mean acceptance length (vLLM logs one per logging interval)."""
         return self.acceptance_lengths[-1] if self.acceptance_lengths else None
+
+    def overall_acceptance(self, num_spec_tokens: int | None) -> float | None:
+        """The mean acceptance length over all intervals, weighted by drafts: 1 + k * accepted / drafted
+        (vLLM's per-interval formula, metrics.py, with drafts = drafted tokens / k); the plain mean of the
+        intervals' lengths when k is unknown."""
+        if not self.acceptance_lengths:
+            return None
+        drafted = sum(d for _, d in self.accepted_drafted)
+        if num_spec_tokens and drafted:
+            return 1 + num_spec_tokens * sum(a for a, _ in self.accepted_drafted) / drafted
+        return sum(self.acceptance_lengths) / len(self.acceptance_lengths)
 
     @property
     def draft_architecture(self) -> str | None:
@@ -164,5 +177,6 @@ def parse_boot_log(text: str) -> BootMarkers:
             m.spec_evidence.append(line.strip())
         if hit := MARKER["spec-metrics"].pattern.search(line):
             m.acceptance_lengths.append(float(hit.group(1)))
+            m.accepted_drafted.append((int(hit.group(2)), int(hit.group(3))))
             m.spec_evidence.append(line.strip())
     return m

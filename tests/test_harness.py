@@ -119,6 +119,18 @@ def test_speculator_method_must_match_the_variant():
     assert any(p.startswith("speculative: none attached; the variant expects mtp") for p in fails(v.findings))
 
 
+@pytest.mark.parametrize(("banner", "method"), [
+    ("SpeculativeConfig(method='ngram', model=None, num_spec_tokens=5)", "ngram"),
+    ("SpeculativeConfig(method='eagle3', model='org/eagle-head', num_spec_tokens=3)", "eagle"),
+    ("SpeculativeConfig(method='dflash2', model='incoai/GLM-5.3-Flash-DFlash2', num_spec_tokens=7)", "dflash"),
+    ("SpeculativeConfig(method='deepseek_mtp', model='m', num_spec_tokens=1)", "mtp"),
+])
+def test_every_speculator_family_is_named_from_the_banner(banner, method):
+    text = log("lab-good.log").replace(
+        "SpeculativeConfig(method='mtp', model='local-inference-lab/GLM-5.3-Flash-NVFP4', num_spec_tokens=3)", banner)
+    assert judge_log(text, None).markers.spec_method == method
+
+
 def test_acceptance_outside_the_reference_band_and_a_broken_drafter():
     text = log("lab-good.log")
     low = judge_log(text.replace("Mean acceptance length: 3.12", "Mean acceptance length: 2.10").replace("Accepted: 1950", "Accepted: 1012"), find_variant("lab", IMAGES), True)

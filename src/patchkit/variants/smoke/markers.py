@@ -143,7 +143,10 @@ class BootMarkers:
 def _spec_method(name: str) -> str:
     # vLLM normalises the per-model MTP methods (deepseek_mtp, glm4_moe_mtp, ...) to "mtp"; the banner
     # may still carry them on older builds.
-    return "mtp" if name.endswith("mtp") else "dflash" if name.startswith("dflash") else name
+    for family in ("dflash", "eagle"):  # dflash2, eagle3 ...
+        if name.startswith(family):
+            return family
+    return "mtp" if name.endswith("mtp") else name
 
 
 def parse_boot_log(text: str) -> BootMarkers:

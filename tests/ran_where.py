@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,7 @@ class Cell:
         return f"{self.state} ({counts}{'; fails without it' if self.necessity else ''})"
 
 
-def test_prefix(patch_id: str) -> str:
+def patch_tests(patch_id: str) -> str:
     return f"tests/patches/test_{patch_id.replace('-', '_')}.py::"
 
 
@@ -89,7 +90,7 @@ def matrix(results: Path, releases=RELEASES) -> tuple[dict[str, dict[str, Cell]]
         spec = patch.ranges["vllm"]
         row = rows[patch.id] = {}
         for release in releases:
-            row[release] = cell(test_prefix(patch.id), Version(release) in spec, runs.get(release),
+            row[release] = cell(patch_tests(patch.id), Version(release) in spec, runs.get(release),
                                 necessity.get((patch.id, release)))
             if row[release].state in ("FAILED", "anchors only"):
                 why = "no test run recorded" if release not in runs else row[release].text()
@@ -143,6 +144,9 @@ def main(argv: list[str]) -> int:
     print(table)
     if args.readme:
         write_readme(args.readme, table)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):  # the daily workflow shows the table as the job summary
+        with open(os.environ["GITHUB_STEP_SUMMARY"], "a") as summary:
+            summary.write(table + "\n")
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     return 1 if problems else 0

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from patchkit import PINNED_VLLM
 from patchkit.variants.definitions import load_variants
 from patchkit.variants.smoke.cpu import _job, build_checkpoints, smoke_cpu
 from patchkit.variants.smoke.load_check import judge
@@ -26,6 +27,7 @@ from patchkit.variants.smoke.synthetic_config import (
 from patchkit.variants.smoke.synthetic_layout import LAYOUTS, TINY_DIMS, modules
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
+PATCHES = IMAGES.parent / "patches"
 def _modelopt_python() -> Path | None:
     """ModelOpt's interpreter: PATCHKIT_MODELOPT_PYTHON, else this one when it has ModelOpt (nox -s tests)."""
     if os.environ.get("PATCHKIT_MODELOPT_PYTHON"):
@@ -108,3 +110,37 @@ def test_nvidia_needs_the_mtp_override(stock_vllm, workdir):
     job, stored = _job(nvidia, workdir, exclude_mtp=False)
     report = judge(nvidia, quantprobe([job], stock_vllm.python, stock_vllm.root)[0], stored, "stock, no override")
     assert "model.layers.45.mlp.experts: resolves to NVFP4: expected None; weights stored BF16 cannot load as NVFP4" in report.problems
+
+
+def _smoked_on(image) -> set[str]:
+    """The releases an image's CPU smoke runs on: the layout its base's vLLM has, and the pinned release."""
+    return {image.packages["vllm"].layout or PINNED_VLLM, PINNED_VLLM}
+
+
+@pytest.mark.vllm
+def test_each_image_loads_its_variants_on_its_base_layout(vllm_release, workdir, tmp_path_factory):
+    """Each image's own series (not the default one) on the release whose layout its base has (every
+    image's base is the day-0 build, layout 0.30.0) and on the pinned release; on 0.31.0/0.32.0 no
+    image's base has the layout, so none is smoked there (the default series is, above)."""
+    _need_modelopt()
+    from patchkit.images.definitions import load_images
+    from patchkit.patching.copies import installed_package, patched_copy
+    from patchkit.patching.patchset import load_patchset
+
+    patchset = load_patchset(PATCHES)
+    images = load_images(IMAGES, patchset)
+    chosen = [image for image in images.values() if str(vllm_release) in _smoked_on(image)]
+    if not chosen:
+        pytest.skip(f"vLLM {vllm_release}: no image's base has this layout (images are smoked on "
+                    f"{sorted(set().union(*map(_smoked_on, images.values())))})")
+    by_image = {}
+    for variant in load_variants(IMAGES).values():
+        by_image.setdefault(variant.image, []).append(variant)
+    smoked = []
+    for image in chosen:
+        site = tmp_path_factory.mktemp(f"image-{image.name}")
+        patched_copy(installed_package("vllm"), site, patchset.series(list(image.series)))
+        for report in smoke_cpu(by_image.get(image.name, []), workdir, str(MODELOPT_PYTHON), sys.executable, site, image.name):
+            assert report.ok, (str(vllm_release), image.name, report.variant, report.problems)
+            smoked.append(report.variant)
+    assert smoked, f"no variant is served by {[i.name for i in chosen]}"

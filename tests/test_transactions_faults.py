@@ -3,7 +3,8 @@
 Each filesystem step of the write path goes through patchkit.patching.fsops, so the count is exact. For
 every k: the command dies at step k (os._exit in a forked child, as abrupt as SIGKILL), or step k raises
 EIO, ENOSPC or EACCES. After the next command the real vLLM files are byte-identical to before or to
-fully patched, no new copy and no journal is left, and every failed command exited 1 or 2 with a message.
+fully patched, no new copy and no journal is left, and every failed command exited 1 or 2 with a message
+(a one-off I/O error is even settled by the failing command itself).
 Recovery is swept the same way from every crashed state apply can leave.
 """
 
@@ -98,6 +99,9 @@ def test_io_error_at_every_step_fails_with_exit_2_and_the_next_command_settles(w
             failed = cli(command, "--target", root, "--patches", patches)
         assert failed.code == 2, (k, failed.stdout, failed.stderr)
         assert "(injected)" in failed.stderr and str(root) in failed.stderr and "Traceback" not in failed.stderr
+        # a one-off fault is settled by the failing command itself, which says which way it went
+        outcome = settled(world, root, (start, done))
+        assert ("No file was changed" if outcome == start else "every file is new") in failed.stderr, failed.stderr
         nxt = cli("status", "--target", root, "--patches", patches)
         assert nxt.code == 0, (k, nxt.stderr)
         settled(world, root, (start, done))

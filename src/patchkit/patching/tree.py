@@ -76,40 +76,36 @@ def recover(target: Path) -> Recovery | None:
 
 def _transact(root: fsops.Dir, files: list[tuple[str, FileChange]]) -> None:
     entries = [_checked(root, relative, change) for relative, change in files]
-    log, intent = journal.begin(root, entries)
-    with log:
-        prepared: list[Entry] = []
-        try:
+    committed = False
+    try:
+        log, intent = journal.begin(root, entries)
+        with log:
             for entry, (_, change) in zip(entries, files, strict=True):
                 parent, _ = fsops.walk(root, entry.path)
                 with parent:
-                    prepared.append(entry)  # first: a copy whose writing fails half-way is removed too
                     fsops.create(parent, entry.new_copy, change.new, entry.mode)
                     fsops.fsync_dir(parent)
             journal.commit(log, intent)
-        except BaseException as error:
-            _abandon(root, log, prepared, error)
-            raise
-        # Committed: from here every fault leaves a journal the next run rolls forward.
-        try:
+            committed = True
             journal.roll_forward(root, entries)
             journal.finish(root, log)
-        except PatchkitError as error:
-            raise PatchkitError(
-                f"{error}\nThe write was committed: {root.at(JOURNAL_DIR)} holds it, and the next patchkit "
-                "command on this target finishes it (every file becomes new; none is left half-written)"
-            ) from None
+    except PatchkitError as error:
+        error.args = (f"{error}\n{_settle(root, committed)}",)
+        raise
 
 
-def _abandon(root: fsops.Dir, log: fsops.Dir, prepared: list[Entry], error: BaseException) -> None:
-    """Before the commit: remove what was made. If that fails too, recovery does it on the next run."""
+def _settle(root: fsops.Dir, committed: bool) -> str:
+    """After a fault: what recovery makes of it at once (the fault may have been transient), else what
+    the next run will do. Either way the tree ends old or new, never in between."""
     try:
-        journal.discard_copies(root, prepared)
-        journal.finish(root, log)
-    except PatchkitError:
-        if isinstance(error, PatchkitError):
-            error.args = (f"{error}\nNo file was changed; the next patchkit command on this target removes "
-                          f"the unfinished copies and {root.at(JOURNAL_DIR)}",)
+        recovery = journal.recover(root)
+    except PatchkitError as again:
+        return (f"Recovering at once failed too ({again}); {root.at(JOURNAL_DIR)} is kept and the next patchkit "
+                "command on this target finishes the recovery: every file then holds its old bytes, or, "
+                "if the write had been committed, its new bytes")
+    if committed or (recovery is not None and recovery.direction == "forward"):
+        return "The write had been committed and is now finished: every file is new."
+    return "No file was changed."
 
 
 def _checked(root: fsops.Dir, relative: str, change: FileChange) -> Entry:

@@ -235,3 +235,25 @@ def test_edit_level_versions_select_the_edit_for_each_release(tmp_path):
     new_root, ps = setup(tmp_path / "b", {"new.py": MODEL}, {"p": edits}, version="0.33.0")
     assert apply(new_root, ps).ok and "return 3" in (new_root / "vllm/new.py").read_text()
     assert "x + 1" in (new_root / "vllm/new.py").read_text()
+
+
+def test_edited_inserted_lines_or_replacement_are_modified_not_pending_or_broken(tmp_path):
+    """A user's change inside patched text (no marker comment to go by): read as modified, never applied
+    again on top, never half-reverted; an upstream drift of a replaced anchor stays broken."""
+    inserted = "    if x > 10:\n        x = 10\n    if x < -10:\n        x = -10\n"
+    root, patchset = setup(tmp_path, {"m.py": MODEL}, {
+        "clamp": [edit("insert_after", "def f(x):\n", inserted)],
+        "two": [edit("replace", "    return 2\n", "    return 2  # two, always\n")],
+    })
+    assert apply(root, patchset).ok
+    path = root / "vllm/m.py"
+    patched = path.read_text()
+    path.write_text(patched.replace("        x = 10\n", "        x = 10  # my limit\n"))
+    for plan in (apply(root, patchset), revert(root, patchset)):
+        result = plan.result("clamp")
+        assert result.state == planner.State.MODIFIED and not plan.ok and not plan.changes
+        assert "+        x = 10  # my limit" in result.edits[0].detail
+    path.write_text(patched.replace("    return 2  # two, always\n", "    return 2  # two, mostly\n"))
+    assert apply(root, patchset).result("two").state == planner.State.MODIFIED
+    path.write_text(MODEL.replace("    return 2\n", "    return 3\n"))  # upstream changed the anchor
+    assert apply(root, patchset, ["two"]).result("two").state == planner.State.BROKEN

@@ -159,8 +159,8 @@ def bench_wheels(tmp: Path, series, version: str, repeat: int) -> list[tuple[str
         same = {(i.filename, i.CRC) for i in a.infolist() if i.filename.startswith("vllm/")} == {
             (i.filename, i.CRC) for i in b.infolist() if i.filename.startswith("vllm/")}
     return [
-        ("wheel-patchkit", f"patched wheel of {version} x86_64, full series (package files identical to the "
-         f"obvious route's: {'yes' if same else 'NO'})", ours,
+        ("wheel-patchkit", (f"patched wheel of {version} x86_64, full series (package files identical to the "
+                            f"obvious route's: {'yes' if same else 'NO'})"), ours,
          f"{CPU['wheel-obvious'] / CPU['wheel-patchkit']:.2f}x faster than obvious"),
         ("wheel-obvious", "obvious: wheel unpack + apply + wheel pack", obvious, ""),
     ]

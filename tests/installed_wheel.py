@@ -1,9 +1,10 @@
 """pytest plugin: the patch behaviour tests against a patched wheel pip installed into another environment.
 
 tests/test_wheels.py runs `pytest --noconftest -p installed_wheel tests/patches/test_<patch>.py` with
-PATCHKIT_WHEEL_PYTHON (that environment's interpreter) and PATCHKIT_WHEEL_SITE (its site-packages). The
-fixtures tests/conftest.py gives otherwise are replaced: `patched_vllm` is the installed wheel (probes run
-in its interpreter), `stock_vllm` this interpreter's own, unpatched vLLM.
+PATCHKIT_WHEEL_PYTHON (that environment's interpreter) and PATCHKIT_WHEEL_SITE (its site-packages). This
+plugin takes the place of tests/conftest.py: it registers every fixture and hook of it, and replaces one,
+`patched_vllm`, by the installed wheel (probes run in its interpreter); `stock_vllm` stays this
+interpreter's own, unpatched vLLM.
 """
 
 from __future__ import annotations
@@ -16,14 +17,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # probes, builders: what tests/conftest.py provides
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # probes, builders: as for tests/conftest.py
 
-from conftest import VllmTree  # noqa: E402  (the class only; its fixtures are not registered)
-
-
-@pytest.fixture(scope="session")
-def stock_vllm() -> VllmTree:
-    return VllmTree(root=None, python=sys.executable)
+from conftest import *  # its fixtures and hooks, registered through this plugin
+from conftest import VllmTree
 
 
 @pytest.fixture(scope="session")

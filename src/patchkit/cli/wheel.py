@@ -12,9 +12,15 @@ from pathlib import Path
 import click
 
 from patchkit import PINNED_VLLM
-from patchkit.cli.common import console, default_dir, err_console, json_option, load_series, patches_option
-
-PLATFORMS = ("aarch64", "x86_64")
+from patchkit.cli.common import (
+    console,
+    default_dir,
+    err_console,
+    json_option,
+    load_series,
+    patches_option,
+)
+from patchkit.wheels import ARCHES
 
 
 @click.group("wheel")
@@ -26,7 +32,7 @@ def wheel_group() -> None:
 @click.option("--vllm", "version", default=PINNED_VLLM, show_default=True, help="vLLM release whose wheel to patch.")
 @click.option("--series", "series_names", multiple=True, metavar="NAME",
               help="'full' or an image name whose series to apply. Repeatable. Default: every image's series.")
-@click.option("--platform", "platforms", multiple=True, type=click.Choice(PLATFORMS),
+@click.option("--platform", "platforms", multiple=True, type=click.Choice(ARCHES),
               help="manylinux wheel to patch. Repeatable. Default: both.")
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), default=Path("dist/wheels"),
               show_default=True, help="Folder the wheels are written to.")
@@ -41,7 +47,7 @@ def build_cmd(version, series_names, platforms, output, patches_dir, as_json):
     images = default_dir("images", "PATCHKIT_IMAGES")
     names = series_names or tuple(sorted(p.parent.name for p in images.glob("*/image.toml")))
     built = []
-    for arch in platforms or PLATFORMS:
+    for arch in platforms or ARCHES:
         release = release_wheel(version, arch, progress=err_console.is_terminal)
         for name in names:
             _, patches = load_series(patches_dir, name)
@@ -82,6 +88,6 @@ def index_cmd(wheels, output, base_url, as_json):
     if as_json:
         click.echo(json.dumps({"index": str(out / "simple"), "wheels": listing}, indent=2, sort_keys=True))
     else:
-        console.print(f"{out / 'simple'}: {len(found)} wheel(s)")
+        click.echo(f"{out / 'simple'}: {len(found)} wheel(s)")
         for w in listing:
-            console.print(f"  vllm=={w['version']}  {w['filename']}")
+            click.echo(f"  vllm=={w['version']}  {w['filename']}")

@@ -132,7 +132,7 @@ def _write(release: Path, out: BinaryIO, version: str, changes: list[FileChange]
         changed = {_member(c): c for c in changes}
         missing = set(changed) - set(names)
         if missing:
-            raise PatchkitError(f"{release} has no member {sorted(missing)[0]} (the planner read it elsewhere)")
+            raise PatchkitError(f"{release} has no member {min(missing)} (the planner read it elsewhere)")
         body = sorted((i for i in infos if not i.filename.startswith(f"{old_info}/")), key=lambda i: i.filename)
         meta = sorted((i for i in infos if i.filename.startswith(f"{old_info}/")), key=lambda i: i.filename)
         rows: list[RecordRow] = []

@@ -15,8 +15,8 @@ import html
 import json
 import os
 import zipfile
-from email.parser import BytesHeaderParser
 from dataclasses import dataclass
+from email.parser import BytesHeaderParser
 from pathlib import Path
 from urllib.parse import quote
 

@@ -47,8 +47,8 @@ class WheelManifest:
 
     def describe(self, known: dict[str, Patch]) -> list[str]:
         """One line for the wheel, one per patch it carries, compared with the patch set at hand."""
-        lines = [f"installed from a patched wheel: vllm {self.version}, series {self.series} "
-                 f"({self.series_hash}), built from {self.release['filename']}"]
+        lines = [(f"installed from a patched wheel: vllm {self.version}, series {self.series} "
+                  f"({self.series_hash}), built from {self.release['filename']}")]
         for patch in self.patches:
             current = known.get(patch.id)
             if current is None:

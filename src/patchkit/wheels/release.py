@@ -17,9 +17,7 @@ from packaging.version import Version
 from patchkit.errors import PatchkitError
 from patchkit.sources.cache import SdistCache, default_cache_root
 from patchkit.sources.index import IndexFile, download, project_files
-
-ARCHES = ("aarch64", "x86_64")
-"""Linux machines vLLM publishes wheels for: the Spark (GB10, aarch64) and x86_64 GPU boxes."""
+from patchkit.wheels import ARCHES
 
 
 def release_wheel(version: str, arch: str, *, dist: str = "vllm", cache_root: Path | None = None,

@@ -100,11 +100,34 @@ if flat_state is not None:
         exact[f"{c}_conv1d"] = torch.equal(flat_state[f"layers.0.self_attn.{c}_conv1d.weight"], t)
 
 one_by_one = {name: load([(name, v)])[0] for name, v in nested_pairs}
+
+# A quantized forget gate (4p67's MXFP8 f_b_proj: weight and scale) under either spelling: on a tree
+# that builds the KDA projections quantized (packed-modules-4p67), both land in the same parameters.
+env.checkpoint(p4p67_quantization_config())
+env.target()
+model = TextModel(env.target_layer(0))
+params = dict(model.named_parameters())
+gate = "layers.0.self_attn.f_b_proj."
+stored = {}
+for pname, p in params.items():
+    if pname.startswith(gate):
+        stored[pname] = (tensor(p.shape, torch.float32).to(p.dtype) if p.dtype.is_floating_point
+                         else torch.randint(0, 255, p.shape, generator=g).to(p.dtype))
+nested_gate = {n.replace(".self_attn.f_b_proj.", ".self_attn.forget_gate.f_b_proj."): v for n, v in stored.items()}
+q_flat, q_nested = load(list(stored.items())), load(list(nested_gate.items()))
+quantized = {
+    "params": {n: str(v.dtype).removeprefix("torch.") for n, v in stored.items()},
+    "flat": q_flat[:2], "nested": q_nested[:2],
+    "same": None if q_flat[2] is None or q_nested[2] is None else all(
+        torch.equal(q_flat[2][n].view(torch.uint8) if q_flat[2][n].element_size() == 1 else q_flat[2][n],
+                    q_nested[2][n].view(torch.uint8) if q_nested[2][n].element_size() == 1 else q_nested[2][n])
+        for n in q_flat[2]),
+}
 bad_fused = load([("layers.0.self_attn.conv1d.weight", tensor((3 * proj + 1, 1, 4), torch.float32))])[0]
 print(json.dumps({
     "layout": layout,
     "flat": [flat_status, flat_loaded], "nested": [nested_status, nested_loaded],
-    "same": same, "exact": exact, "one_by_one": one_by_one, "bad_fused": bad_fused,
+    "same": same, "exact": exact, "one_by_one": one_by_one, "bad_fused": bad_fused, "quantized": quantized,
 }))
 '''
 
@@ -153,6 +176,17 @@ def test_patched_loader_loads_the_nested_spelling_bit_exact(patched):
 def test_a_fused_conv_that_cannot_split_in_three_is_named(stock, patched):
     assert stock["bad_fused"] == "KeyError: 'layers.0.self_attn.conv1d.weight'"
     assert patched["bad_fused"].startswith("ValueError: naming-shim: layers.0.self_attn.conv1d.weight has shape (769, 1, 4)")
+
+
+@pytest.mark.vllm
+def test_a_quantized_nested_forget_gate_loads_like_the_flat_one(stock, patched):
+    """4p67 quantizes f_b_proj (MXFP8 weight + scale); an export naming it under forget_gate loads the same
+    bytes into the same parameters. Stock builds the KDA projections unquantized: no scale to load."""
+    q = patched["quantized"]
+    assert "layers.0.self_attn.f_b_proj.weight_scale" in q["params"], q["params"]
+    assert q["flat"][0] == q["nested"][0] == "ok" and q["flat"][1] == q["nested"][1]
+    assert q["same"] is True
+    assert "layers.0.self_attn.f_b_proj.weight_scale" not in stock["quantized"]["params"]
 
 
 @pytest.mark.vllm

@@ -332,16 +332,15 @@ def _modified(edit: Edit, path: str, text: str, n_anchor: int, n_applied: int, i
     if edit.action in ("insert_after", "insert_before") and n_anchor == edit.count:
         width = max(1, edit.text.count("\n"))
         for start in _find_all(text, edit.anchor):
-            if edit.action == "insert_after":
-                region = "".join(text[start + len(edit.anchor):].splitlines(keepends=True)[:width])
-            else:
-                region = "".join(text[:start].splitlines(keepends=True)[-width:])
+            region = _lines_after(text, start + len(edit.anchor), width) if edit.action == "insert_after" \
+                else _lines_before(text, start, width)
             if any(other != edit.text and other in region for other in inserted):
                 continue
             # by whole lines: cheap on the long texts some patches insert, and a stock line equal to one
             # of the patch's own is rare where a character-level likeness is not
-            similarity = difflib.SequenceMatcher(None, edit.text.splitlines(), region.splitlines(),
-                                                 autojunk=False).ratio()
+            lines = difflib.SequenceMatcher(None, edit.text.splitlines(), region.splitlines(), autojunk=False)
+            similarity = lines.quick_ratio()  # an upper bound, from the lines in common: settles most at once
+            similarity = lines.ratio() if similarity >= INSERT_SIMILARITY else similarity
             marked = any(m in region for m in markers)
             if similarity >= INSERT_SIMILARITY or marked:
                 return _modified_result(edit, path, text, edit.text, region)
@@ -355,6 +354,24 @@ def _modified(edit: Edit, path: str, text: str, n_anchor: int, n_applied: int, i
         if marked or near.similarity > max(to_anchor, 0.5):
             return _modified_result(edit, path, text, edit.text, near.region)
     return None
+
+
+def _lines_after(text: str, pos: int, n: int) -> str:
+    end = pos
+    for _ in range(n):
+        end = text.find("\n", end) + 1
+        if end == 0:
+            return text[pos:]
+    return text[pos:end]
+
+
+def _lines_before(text: str, pos: int, n: int) -> str:
+    start = pos
+    for _ in range(n):
+        if start == 0:
+            break
+        start = text.rfind("\n", 0, start - 1) + 1
+    return text[start:pos]
 
 
 def _find_all(text: str, needle: str) -> list[int]:

@@ -162,6 +162,20 @@ def installed(built, tmp_path_factory):
     return python, site
 
 
+def test_the_index_links_the_wheel_with_its_hash(built, installed):
+    """The pages pip read in `installed`: PEP 503 link with the file's sha256 and Requires-Python, the same
+    in the PEP 691 JSON."""
+    simple = built.path.parent / "simple"
+    page = (simple / "vllm" / "index.html").read_text()
+    href = f'href="../../{built.path.name.replace("+", "%2B")}#sha256={built.sha256}"'
+    assert href in page and 'data-requires-python="&lt;3.15,&gt;=3.11"' in page
+    listing = json.loads((simple / "vllm" / "index.json").read_text())
+    assert listing["meta"]["api-version"] == "1.1"
+    assert [(f["filename"], f["hashes"]["sha256"], f["size"]) for f in listing["files"]] == [
+        (built.path.name, built.sha256, built.path.stat().st_size)]
+    assert 'href="vllm/"' in (simple / "index.html").read_text()
+
+
 def test_pip_installs_the_wheel_and_status_names_its_patches(built, installed):
     _, site = installed
     assert (site / f"vllm-{built.manifest.version}.dist-info" / "patchkit.json").is_file()

@@ -7,6 +7,10 @@ are read from behind its local header, and a fresh local header (fixed timestamp
 method) is written before them through zipfile's own header encoder; zipfile then writes the central
 directory as usual. Every entry gets the same timestamp and a mode made from its permission bits only,
 so the archive's bytes depend on the contents and the order of the entries alone.
+
+New members (the patched files, METADATA, RECORD: about 1 MB of a 336 MB wheel) are stored, not
+deflated: deflate's output differs between zlib builds (zlib, zlib-ng, distribution patches), and the
+same inputs must give the same wheel on any machine.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ import zipfile
 from typing import BinaryIO
 
 EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest zip (DOS) date: no clock or SOURCE_DATE_EPOCH in the bytes
-COMPRESS_LEVEL = 6  # zlib's default, fixed so another default elsewhere cannot change the bytes
 
 
 def read_raw(fp: BinaryIO, info: zipfile.ZipInfo) -> bytes:
@@ -54,9 +57,8 @@ class ReproducibleZip:
         return info
 
     def write(self, name: str, data: bytes, mode: int = 0o644) -> None:
-        """A new member, deflated at a fixed level."""
-        info = self._info(name, mode, zipfile.ZIP_DEFLATED)
-        self._zip.writestr(info, data, compresslevel=COMPRESS_LEVEL)
+        """A new member, stored (see above)."""
+        self._zip.writestr(self._info(name, mode, zipfile.ZIP_STORED), data)
 
     def copy_raw(self, source: zipfile.ZipInfo, raw: bytes, name: str | None = None) -> None:
         """A member of another zip (renamed to `name` if given), its compressed bytes `raw` kept as they are."""

@@ -2,8 +2,9 @@
 
 The series goes through the planner exactly as for a tree or an image: every anchor asserted, and
 nothing is written unless every patch is whole. The new wheel is the release's wheel with
-- each patched file's new bytes (deflated at a fixed level), every other member's compressed bytes
-  copied as they are (the compiled extensions stay byte-identical, nothing is recompressed);
+- each patched file's new bytes (stored uncompressed: no zlib build decides the wheel's bytes), every
+  other member's compressed bytes copied as they are (compiled extensions byte-identical, nothing
+  recompressed);
 - the version `<release>+glm53.<series hash>` (a PEP 440 local label; the hash is the image tag's,
   over the carried patches' ids and contents), in METADATA, the dist-info name and the file name;
 - `patchkit.json` (manifest.py) and a RECORD with every file's sha256 and size;

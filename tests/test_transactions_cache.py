@@ -13,9 +13,12 @@ import os
 import shutil
 import tarfile
 
-from test_sources import VLLM_FILES, cache, index, sha256  # noqa: F401  (cache and index are fixtures)
+import test_sources
+from test_sources import VLLM_FILES, sha256
 
 from patchkit.sources import open_source
+
+cache, index = test_sources.cache, test_sources.index  # the fixtures, by the names tests ask for
 
 
 def stored_sdist(files: dict[str, bytes]) -> bytes:

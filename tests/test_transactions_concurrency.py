@@ -20,10 +20,13 @@ import sys
 import time
 
 import pytest
-from transactions import leftovers, real_tree, scratch, small_series, tree_bytes  # noqa: F401
+import transactions
+from transactions import leftovers, real_tree, small_series, tree_bytes
 
 from patchkit.patching.journal import JOURNAL_DIR
 from patchkit.patching.tree import open_target
+
+scratch = transactions.scratch  # the fixture, by the name tests ask for
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from transactions import (  # noqa: F401  (scratch is a fixture)
+import transactions
+from transactions import (
     CRASH,
     ERRORS,
     Faults,
@@ -22,10 +23,11 @@ from transactions import (  # noqa: F401  (scratch is a fixture)
     crash_at,
     leftovers,
     real_tree,
-    scratch,
     small_series,
     tree_bytes,
 )
+
+scratch = transactions.scratch  # the fixture, by the name tests ask for
 
 
 @pytest.fixture(scope="module")

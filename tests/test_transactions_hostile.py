@@ -14,14 +14,14 @@ import stat
 import subprocess
 
 import pytest
-from transactions import (  # noqa: F401  (scratch is a fixture)
+import transactions
+from transactions import (
     CRASH,
     cli,
     count_steps,
     crash_at,
     leftovers,
     real_tree,
-    scratch,
     small_series,
     tree_bytes,
 )
@@ -29,6 +29,7 @@ from transactions import (  # noqa: F401  (scratch is a fixture)
 from patchkit.patching.journal import COMMIT, INTENT, JOURNAL_DIR, encode_intent, sha256
 
 NOBODY = 65534
+scratch = transactions.scratch  # the fixture, by the name tests ask for
 
 
 @pytest.fixture
@@ -120,7 +121,7 @@ def test_journal_holding_a_file_patchkit_never_writes_is_refused(hostile):
 
 
 def test_commit_record_of_another_intent_is_refused(hostile):
-    root, patches, _, before = hostile
+    root, patches, _, _ = hostile
     crafted_journal(root, [entry("vllm/__init__.py")])
     (root / JOURNAL_DIR / COMMIT).write_text(sha256(b"something else"))
     refused(cli("status", "--target", root, "--patches", patches), "does not belong")
@@ -239,7 +240,7 @@ def test_intent_round_trip_is_what_recovery_reads():
 
 
 def test_committed_new_copy_that_does_not_hash_as_recorded_is_refused(hostile):
-    root, patches, _, before = hostile
+    root, patches, _, _ = hostile
     target = "vllm/models/glm5next/nvidia/sparse_indexer.py"
     old = (root / target).read_bytes()
     crafted_journal(root, [entry(target, old=old, new=b"what the journal promised\n")])

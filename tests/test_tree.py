@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 from builders import snapshot, write_package, write_patchset
-from transactions import Faults
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from transactions import Faults
 
 from patchkit.errors import PatchkitError
 from patchkit.patching import planner, tree

@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
-
 from packaging.version import InvalidVersion, Version
+from rich.console import Console
 
 from patchkit.errors import INTERNAL_ERROR_EXIT, PatchFailed, PatchkitError
 from patchkit.patching.patchset import PatchSet, load_patchset
@@ -109,7 +108,7 @@ class PatchkitGroup(click.Group):
             self._fail(ctx, 2, "error", f"{where or 'the file system'}: {e.strerror or e}")
         except RecursionError:
             self._fail(ctx, 2, "error", "an input file is nested too deeply to read (hostile or corrupt JSON?)")
-        except Exception as e:  # noqa: BLE001 - the last line of defence: a bug, reported as one
+        except Exception as e:  # the last line of defence: a bug, reported as one
             if os.environ.get("PATCHKIT_TRACEBACK"):
                 raise
             self._fail(ctx, INTERNAL_ERROR_EXIT, "internal error",

@@ -19,7 +19,7 @@ from patchkit.patching import fsops, journal, lock
 from patchkit.patching.journal import JOURNAL_DIR, Entry, JournalError, Recovery, sha256
 from patchkit.patching.planner import FileChange, Plan
 
-__all__ = ["JOURNAL_DIR", "Recovery", "Target", "open_target", "write_plan", "write_changes", "recover"]
+__all__ = ["JOURNAL_DIR", "Recovery", "Target", "open_target", "recover", "write_changes", "write_plan"]
 
 
 @dataclass

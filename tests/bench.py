@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
-import hashlib
 import json
 import os
 import resource
@@ -72,11 +71,6 @@ def timed(fn, repeat: int = 1, label: str | None = None) -> tuple[float, object]
     if label:
         CPU[label] = best_cpu
     return best, result
-
-
-def _sha256_file(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _sha256_file(path: Path) -> str:
@@ -252,12 +246,6 @@ def main() -> None:
         lookups, _ = timed(lambda: [cache.lookup(d, v) for v in versions
                                     for d, v in (("vllm", v), ("flashinfer-python", companions[v]))],
                            args.repeat, "lookup-warm")
-        # Cache integrity: a lookup re-hashes an archive only when its file is not the one last verified
-        # (stamp in the record); this is that hash for every archive, against the warm stat-only lookups.
-        sha_all, _ = timed(lambda: [_sha256_file(a) for a in every], 3, "sha-all")
-        lookups, _ = timed(lambda: [cache.lookup(d, v) for v in versions
-                                    for d, v in (("vllm", v), ("flashinfer-python", companions[v]))],
-                           args.repeat, "lookup-warm")
 
         obvious_opener = extracted(user, tmp / "extracted")
         obvious, obvious_matrix = timed(lambda: compute(opener=obvious_opener), 1, "obvious")
@@ -307,10 +295,6 @@ def main() -> None:
         ("cold", f"cold verify, {n} releases", cold, f"{ratio('cold', 'floor')} floor"),
         ("warm", f"warm verify, {n} releases, repeated in one process", warm, f"best of {args.repeat}"),
         ("warm-cli", f"warm verify, {n} releases, CLI process", warm_cli, f"of it, Python + imports: {imports:.3f} s"),
-        ("sha-all", f"sha256 of all {len(every)} cached archives (a lookup after a file changed)", sha_all,
-         f"{ratio('sha-all', 'floor')} floor"),
-        ("lookup-warm", f"warm cache lookups, {2 * n} archives (stat against the verified stamp)", lookups,
-         f"{CPU['lookup-warm'] / CPU['sha-all']:.4f}x re-hashing"),
         ("sha-all", f"sha256 of all {len(every)} cached archives (a lookup after a file changed)", sha_all,
          f"{ratio('sha-all', 'floor')} floor"),
         ("lookup-warm", f"warm cache lookups, {2 * n} archives (stat against the verified stamp)", lookups,

@@ -256,3 +256,15 @@ def test_hard_linked_copy_is_patched_without_writing_through_to_the_original(hos
     shutil.copytree(root, copy, copy_function=os.link)
     assert cli("apply", "--target", copy, "--patches", patches).code == 0
     assert tree_bytes(root) == before["tree"] and tree_bytes(copy) != before["tree"]
+
+
+def test_check_and_diff_of_a_tree_with_an_unfinished_journal_refuse_and_touch_nothing(hostile):
+    """Reading commands take the tree's lock too, and never read a tree an interrupted run left behind."""
+    root, patches, _, _ = hostile
+    crafted_journal(root, [], committed=False)
+    for command in ("check", "diff"):
+        refused(cli(command, "--source", root, "--patches", patches), str(root / JOURNAL_DIR),
+                f"patchkit status --target {root}")
+    assert (root / JOURNAL_DIR / INTENT).exists()
+    assert cli("status", "--target", root, "--patches", patches).code == 0
+    assert cli("check", "--source", root, "--patches", patches).code == 0

@@ -68,13 +68,21 @@ def list_cmd(patches_dir, series, as_json):
     emit(as_json, {"patches": rows}, table)
 
 
+@contextlib.contextmanager
 def _open(specs: tuple[str, ...]):
+    """The sources, combined; a directory among them is read under its lock (it may be a target being
+    written) and refused while an interrupted run's journal is in it."""
+    from patchkit.patching.tree import read_locked
     from patchkit.sources import combine_sources, open_source
 
     if not specs:
         raise PatchkitError("give at least one --source")
-    sources = [open_source(s) for s in specs]
-    return sources[0] if len(sources) == 1 else combine_sources(sources)
+    with contextlib.ExitStack() as locks:
+        for spec in specs:
+            if Path(spec).expanduser().is_dir():
+                locks.enter_context(read_locked(Path(spec).expanduser()))
+        sources = [open_source(s) for s in specs]
+        yield sources[0] if len(sources) == 1 else combine_sources(sources)
 
 
 source_option = click.option(
@@ -92,7 +100,8 @@ source_option = click.option(
 def check(sources, patches_dir, series, assumed, as_json):
     """Does the series apply to SRC? Every anchor asserted; nothing written."""
     _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
-    plan = planner.plan(patches, _open(sources), versions=parse_assumed(assumed))
+    with _open(sources) as source:
+        plan = planner.plan(patches, source, versions=parse_assumed(assumed))
     refuse_if_out_of_every_range(plan)
     labels = {planner.State.NOT_APPLIED: "applies"}
     emit(as_json, report.plan_to_dict(plan), report.plan_table(plan, labels=labels))
@@ -107,7 +116,8 @@ def check(sources, patches_dir, series, assumed, as_json):
 def diff(sources, patches_dir, series, assumed):
     """The unified diff of the series against SRC, for review or an upstream pull request."""
     _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
-    plan = planner.plan(patches, _open(sources), versions=parse_assumed(assumed))
+    with _open(sources) as source:
+        plan = planner.plan(patches, source, versions=parse_assumed(assumed))
     plan.raise_for_errors()
     click.echo(plan.diff(), nl=False)
 

@@ -19,7 +19,7 @@ from patchkit.patching import fsops, journal, lock
 from patchkit.patching.journal import JOURNAL_DIR, Entry, JournalError, Recovery, sha256
 from patchkit.patching.planner import FileChange, Plan
 
-__all__ = ["JOURNAL_DIR", "Recovery", "Target", "open_target", "recover", "write_changes", "write_plan"]
+__all__ = ["JOURNAL_DIR", "Recovery", "Target", "open_target", "read_locked", "recover", "write_changes", "write_plan"]
 
 
 @dataclass
@@ -56,6 +56,19 @@ def open_target(target: Path, *, wait: float = lock.DEFAULT_WAIT) -> Iterator[Ta
         yield Target(path, root, journal.recover(root))
     finally:
         root.close()  # closing the only descriptor drops the lock
+
+
+@contextlib.contextmanager
+def read_locked(directory: Path, *, wait: float = lock.DEFAULT_WAIT) -> Iterator[None]:
+    """A tree read without writing (check, diff): under its lock, and refused while a journal is in it,
+    since only a command that may write (status, apply, revert) finishes an interrupted run."""
+    path = Path(directory).resolve()
+    with contextlib.closing(fsops.open_root(path)) as root:
+        lock.acquire(root, wait)
+        if fsops.lstat(root, JOURNAL_DIR) is not None:
+            raise PatchkitError(f"{root.at(JOURNAL_DIR)}: an interrupted patchkit run left this tree unfinished; "
+                                f"`patchkit status --target {path}` finishes it, then read it again")
+        yield
 
 
 def write_plan(target: Path, source, plan: Plan) -> None:

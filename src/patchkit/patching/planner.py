@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import re
 import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -18,6 +17,7 @@ from packaging.version import InvalidVersion, Version
 
 from patchkit.errors import PatchFailed
 from patchkit.patching.diagnostics import NearestMatch, nearest_match, occurrence_lines
+from patchkit.patching.modified import edited_text
 from patchkit.patching.patchset import Edit, Patch, Probe
 from patchkit.sources.base import Source, read_many
 
@@ -292,8 +292,9 @@ def _evaluate_edit(edit: Edit, texts: _Texts, staged: dict, mode: str) -> EditRe
     inserts = edit.action != "replace"
     if n_applied == edit.count and (not inserts or n_anchor == edit.count):
         state = "applied"
-    elif (modified := _modified(edit, path, text, n_anchor, n_applied, texts.inserted)) is not None:
-        return modified
+    elif (found := edited_text(edit, path, text, n_anchor, n_applied, texts.inserted)) is not None:
+        line, detail = found
+        return EditResult(edit, "modified", path, 0, [line] if line else [], detail)
     elif n_applied == 0 and n_anchor == edit.count:
         state = "pending"
     elif 0 < n_applied < edit.count and inserts:
@@ -309,89 +310,6 @@ def _evaluate_edit(edit: Edit, texts: _Texts, staged: dict, mode: str) -> EditRe
     elif mode == "revert" and state == "applied":
         staged[key] = text.replace(edit.applied_form, edit.anchor)
     return EditResult(edit, state, path, n_anchor, occurrence_lines(text, edit.anchor))
-
-
-# An inserted text whose lines are this similar to the lines where it would go is the patch's text,
-# edited (on vLLM 0.30.0-0.33.0 the stock neighbours of every insert in the series score at most 0.5).
-INSERT_SIMILARITY = 0.75
-
-
-def _modified(edit: Edit, path: str, text: str, n_anchor: int, n_applied: int, inserted: set[str]) -> EditResult | None:
-    """The edit's text is present but not byte-exact: a user edited patched code (never guessed through).
-
-    An insert whose anchor is intact but whose text, right beside it, is nearly the patch's text; or a
-    replacement whose anchor is gone and whose nearest region is closer to the patch's text than to the
-    anchor (an upstream drift is closer to the anchor: that stays "broken"). The text's marker comment
-    ("patchkit <id>", never in upstream code) found there settles it either way. A neighbour that is another
-    edit's text, whole, is that edit's business, not a modification of this one.
-    """
-    if n_applied:
-        return None
-    # "# patchkit <patch id>" starts the comment every patch leaves in its text: its marker
-    markers = {m.group(0) for m in re.finditer(r"patchkit [\w.-]*\w", edit.text)}
-    if edit.action in ("insert_after", "insert_before") and n_anchor == edit.count:
-        width = max(1, edit.text.count("\n"))
-        for start in _find_all(text, edit.anchor):
-            region = _lines_after(text, start + len(edit.anchor), width) if edit.action == "insert_after" \
-                else _lines_before(text, start, width)
-            if any(other != edit.text and other in region for other in inserted):
-                continue
-            # by whole lines: cheap on the long texts some patches insert, and a stock line equal to one
-            # of the patch's own is rare where a character-level likeness is not
-            lines = difflib.SequenceMatcher(None, edit.text.splitlines(), region.splitlines(), autojunk=False)
-            similarity = lines.quick_ratio()  # an upper bound, from the lines in common: settles most at once
-            similarity = lines.ratio() if similarity >= INSERT_SIMILARITY else similarity
-            marked = any(m in region for m in markers)
-            if similarity >= INSERT_SIMILARITY or marked:
-                return _modified_result(edit, path, text, edit.text, region)
-        return None
-    if edit.action == "replace" and n_anchor == 0:
-        near = nearest_match(text, edit.text)
-        if near is None:
-            return None
-        to_anchor = difflib.SequenceMatcher(None, edit.anchor, near.region, autojunk=False).ratio()
-        marked = any(m in text for m in markers)
-        if marked or near.similarity > max(to_anchor, 0.5):
-            return _modified_result(edit, path, text, edit.text, near.region)
-    return None
-
-
-def _lines_after(text: str, pos: int, n: int) -> str:
-    end = pos
-    for _ in range(n):
-        end = text.find("\n", end) + 1
-        if end == 0:
-            return text[pos:]
-    return text[pos:end]
-
-
-def _lines_before(text: str, pos: int, n: int) -> str:
-    start = pos
-    for _ in range(n):
-        if start == 0:
-            break
-        start = text.rfind("\n", 0, start - 1) + 1
-    return text[start:pos]
-
-
-def _find_all(text: str, needle: str) -> list[int]:
-    found, start = [], 0
-    while (pos := text.find(needle, start)) != -1:
-        found.append(pos)
-        start = pos + max(len(needle), 1)
-    return found
-
-
-def _modified_result(edit: Edit, path: str, text: str, expected: str, region: str) -> EditResult:
-    start = text.find(region)
-    line = text.count("\n", 0, start) + 1 if start >= 0 else 0
-    diff = "".join(difflib.unified_diff(
-        expected.splitlines(keepends=True), region.splitlines(keepends=True),
-        fromfile="patch text (expected)", tofile=f"{edit.package}/{path} line {line} (found)",
-    )).rstrip("\n")
-    detail = (f"the patch's text is present at line {line} but not byte-exact (edited by hand?); "
-              f"patchkit will neither apply nor revert it: restore it or the original by hand\n{diff}")
-    return EditResult(edit, "modified", path, 0, [line] if line else [], detail)
 
 
 def _broken(edit: Edit, path: str, text: str, found: int, why: str) -> EditResult:

@@ -32,6 +32,7 @@ torch.use_deterministic_algorithms(True)  # uninitialised ints read INT32_MAX
 from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.forward_context import set_forward_context
 import importlib, inspect
+import vllm.models.glm5next  # first: on 0.30.0 the kpool module imported alone is a circular import
 import vllm.utils.deep_gemm as deep_gemm
 si = importlib.import_module("KPOOL_INDEXER")
 from vllm.v1.attention.backends.mla.indexer import (
@@ -94,11 +95,14 @@ decode = DeepseekV32IndexerMetadata(
     decode=DeepSeekV32IndexerDecodeMetadata(
         block_table=torch.zeros(ROWS, 4, dtype=torch.int32), seq_lens=i32(SEQ, SEQ, SEQ).view(ROWS, 1),
         decode_lens=i32(1, 1, 1), requires_padding=False, schedule_metadata=i32(0)))
-chunk = DeepseekV32IndexerPrefillChunkMetadata(
+chunk_fields = dict(
     block_table=torch.zeros(1, 4, dtype=torch.int32), cu_seqlen_ks=i32(0, 0, 0), cu_seqlen_ke=i32(8, 8, 8),
     cu_seq_lens=i32(0, 32), token_to_seq=i32(0, 0, 0), total_seq_lens=32, max_seqlen_k=8, token_start=0,
     token_end=ROWS, num_reqs=1, skip_kv_gather=True, local_cu_seq_lens=i32(0, 8), local_total_seq_lens=8,
     max_local_total_seq_lens=8)
+import dataclasses  # max_seqlen_k exists from 0.31.0 on; 0.30.0's prefill path does not read it
+chunk = DeepseekV32IndexerPrefillChunkMetadata(**{f.name: chunk_fields[f.name] for f in
+    dataclasses.fields(DeepseekV32IndexerPrefillChunkMetadata) if f.name in chunk_fields})
 prefill = DeepseekV32IndexerMetadata(
     seq_lens=i32(32), max_seq_len=32, slot_mapping=torch.zeros(ROWS, dtype=torch.int64), num_decodes=0,
     num_decode_tokens=0, num_prefills=1, num_prefill_tokens=ROWS,

@@ -31,7 +31,7 @@ CHECKS = {
 
 @dataclass(frozen=True)
 class Cell:
-    state: str  # behaviour-tested | anchors only | out of range | FAILED
+    state: str  # behaviour-tested | anchors only | out of range | FAILED | not in this run
     passed: int = 0
     failed: int = 0
     skipped: int = 0
@@ -40,6 +40,8 @@ class Cell:
     def text(self) -> str:
         if self.state in ("out of range", "anchors only"):
             return self.state
+        if self.state == "not in this run":
+            return "not in this run (`nox -s tests-releases`)"
         counts = f"{self.passed} passed" + (f", {self.failed} failed" if self.failed else "")
         counts += f", {self.skipped} skipped" if self.skipped else ""
         return f"{self.state} ({counts}{'; fails without it' if self.necessity else ''})"
@@ -79,8 +81,11 @@ def cell(prefix: str, in_range: bool, record: dict | None, without: dict | None 
     return Cell("behaviour-tested", passed, failed, skipped, necessity=_count(without, prefix)[1] > 0)
 
 
-def matrix(results: Path, releases=RELEASES) -> tuple[dict[str, dict[str, Cell]], dict[str, dict], list[str]]:
-    """Row label -> release -> Cell, the runs, and every problem (a cell in range not behaviour-tested)."""
+def matrix(results: Path, ran=RELEASES) -> tuple[dict[str, dict[str, Cell]], dict[str, dict], list[str]]:
+    """Row label -> release -> Cell, the runs, and every problem (a cell in range not behaviour-tested).
+
+    `ran`: the releases this run covered (`nox -s tests`: the pinned one and the default base's layout);
+    the others' cells read "not in this run" and are not checked."""
     from patchkit.patching.patchset import load_patchset
 
     runs, necessity = load_records(results)
@@ -89,7 +94,10 @@ def matrix(results: Path, releases=RELEASES) -> tuple[dict[str, dict[str, Cell]]
     for patch in load_patchset(REPO / "patches").series():
         spec = patch.ranges["vllm"]
         row = rows[patch.id] = {}
-        for release in releases:
+        for release in RELEASES:
+            if release not in ran:
+                row[release] = Cell("not in this run")
+                continue
             row[release] = cell(patch_tests(patch.id), Version(release) in spec, runs.get(release),
                                 necessity.get((patch.id, release)))
             if row[release].state in ("FAILED", "anchors only"):
@@ -97,7 +105,10 @@ def matrix(results: Path, releases=RELEASES) -> tuple[dict[str, dict[str, Cell]]
                 problems.append(f"{patch.id} claims vllm{spec} but has no passing behaviour test on {release}: {why}")
     for prefix, label in CHECKS.items():
         row = rows[label] = {}
-        for release in releases:
+        for release in RELEASES:
+            if release not in ran:
+                row[release] = Cell("not in this run")
+                continue
             row[release] = cell(prefix, True, runs.get(release))
             if row[release].state != "behaviour-tested":
                 problems.append(f"{label} on {release}: {row[release].text()}")
@@ -138,8 +149,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path)
     parser.add_argument("--readme", type=Path, help="write the table between the README's markers")
+    parser.add_argument("--releases", nargs="+", default=list(RELEASES), help="the releases this run covered")
     args = parser.parse_args(argv)
-    rows, runs, problems = matrix(args.results)
+    rows, runs, problems = matrix(args.results, tuple(args.releases))
     table = render(rows, runs)
     print(table)
     if args.readme:

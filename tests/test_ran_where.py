@@ -92,3 +92,13 @@ def test_table_goes_between_the_markers(tmp_path):
     with pytest.raises(SystemExit):
         (tmp_path / "bare.md").write_text("no markers\n")
         write_readme(tmp_path / "bare.md", "table")
+
+
+def test_releases_outside_the_run_are_not_checked(tmp_path):
+    for release in ("0.30.0", "0.33.0"):
+        record(tmp_path, release, all_passing())
+    rows, _, problems = matrix(tmp_path, ("0.33.0", "0.30.0"))
+    assert problems == []
+    assert rows[PATCHES[0]]["0.31.0"].state == "not in this run"
+    _, _, problems = matrix(tmp_path)
+    assert any("0.31.0: no test run recorded" in p for p in problems)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -210,8 +211,14 @@ def test_hostile_deep_json_is_exit_2_not_a_traceback(tmp_path):
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     (checkpoint / "config.json").write_text("[" * 200_000 + "]" * 200_000)
-    r = cli("preflight", checkpoint, "--variant", "lab")
+    (checkpoint / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+    # pinned to exactly these bytes, so the identity check passes and the parser meets the hostile file
+    pins = [hashlib.sha256((checkpoint / name).read_bytes()).hexdigest()
+            for name in ("config.json", "model.safetensors.index.json")]
+    # 4p67 has no public pins, so the user's pins stand (lab's published pins would refuse these bytes first)
+    r = cli("preflight", checkpoint, "--variant", "4p67", "--pin-config", pins[0], "--pin-index", pins[1])
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "config.json" in r.stderr and "nested too deeply" in r.stderr, r.stderr[-2000:]
 
 
 def test_unexpected_error_is_exit_3_internal_error_with_how_to_report(tree, monkeypatch):

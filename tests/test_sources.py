@@ -653,3 +653,11 @@ def test_pinned_flashinfer_is_read_from_a_checkout_and_a_git_ref(tmp_path):
     assert pinned_flashinfer(GitSource(str(root), "v0.33.0")) == "0.7.2.post1"
     (root / "requirements" / "cuda.txt").unlink()
     assert pinned_flashinfer(DirectorySource(root)) is None
+
+
+@pytest.mark.parametrize("url", ["https://example.invalid/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+                                 "https://example.invalid/repo"])
+def test_a_url_is_refused_as_typed_not_as_a_folded_path(url):
+    with pytest.raises(PatchkitError) as info:
+        open_source(url)
+    assert url in str(info.value) and "git:URL@REF" in str(info.value)

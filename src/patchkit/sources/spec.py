@@ -17,6 +17,7 @@ from patchkit.sources.release import open_release
 from patchkit.sources.sdist import SdistSource
 from patchkit.sources.wheel import WheelSource
 
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _PINNED = re.compile(r"^(?P<dist>[A-Za-z0-9][A-Za-z0-9._-]*)\s*===?\s*(?P<version>\S+)$")
 FORMS = (
     "a version (0.33.0, meaning vllm), vllm==0.33.0, flashinfer-python==0.7.2.post1, a directory, "
@@ -33,6 +34,9 @@ def open_source(spec: str | os.PathLike[str], *, cache: SdistCache | None = None
         if not at or not location or not ref:
             raise PatchkitError(f"git source {spec!r}: write git:PATH_OR_URL@REF (REF a tag, branch or commit)")
         return GitSource(location, ref, cache=cache)
+    if _URL.match(text):  # Path() would fold "https://" to "https:/" and report a path nobody typed
+        raise PatchkitError(f"source {text!r} is a URL: a git repository is git:URL@REF, a release is its "
+                            f"version; download a .whl or .tar.gz and give its path")
     path = Path(text).expanduser()
     if text.endswith(".whl"):
         return WheelSource(path)

@@ -8,8 +8,6 @@ left it so far; per-patch state is read from the text itself, never from a side 
 from __future__ import annotations
 
 import difflib
-import functools
-import warnings
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -19,6 +17,7 @@ from patchkit.errors import PatchFailed
 from patchkit.patching.diagnostics import NearestMatch, nearest_match, occurrence_lines
 from patchkit.patching.modified import edited_text
 from patchkit.patching.patchset import Edit, Patch, Probe
+from patchkit.patching.syntax import syntax_error
 from patchkit.sources.base import Source, read_many
 
 
@@ -377,27 +376,10 @@ def _check_syntax(texts: _Texts, results: list[PatchResult]) -> None:
     for change in texts.changes():
         if not change.path.endswith(".py"):
             continue
-        error = _syntax_error(change.path, change.new)
+        error = syntax_error(change.path, change.new)
         if error is not None:
             result = by_id[texts.touched_by[(change.package, change.path)]]
             result.state = State.BROKEN
             result.detail = f"{change.package}/{change.path} no longer parses after this patch: {error}"
 
 
-@functools.lru_cache(maxsize=64)
-def _syntax_error(path: str, new: bytes) -> str | None:
-    """None if `new` byte-compiles, else "line N: why".
-
-    Byte-compiling is the check import itself applies (it also catches what a parse alone accepts, such
-    as `return` outside a function) and costs under half of ast.parse, which builds a Python object per
-    node. Memoised by content: verify plans the same patched files once per image series and version.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # upstream's own SyntaxWarnings are not this patch's to report
-        try:
-            compile(new, path, "exec", dont_inherit=True)
-        except SyntaxError as e:
-            return f"line {e.lineno}: {e.msg}"
-        except ValueError as e:  # NUL bytes in the source
-            return str(e)
-    return None

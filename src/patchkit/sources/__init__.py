@@ -3,16 +3,24 @@
 Every source is read-only and answers `read(package, path)` and `versions()`; see docs/DESIGN.md.
 """
 
-from patchkit.sources.archives import CorruptArchiveError
-from patchkit.sources.base import DISTRIBUTIONS, PACKAGES, Source, read_many
-from patchkit.sources.cache import FileCache, SdistCache
-from patchkit.sources.combined import CombinedSource, combine_sources
-from patchkit.sources.directory import DirectorySource
-from patchkit.sources.git import GitSource
-from patchkit.sources.index import discover_releases
-from patchkit.sources.sdist import SdistSource
-from patchkit.sources.spec import open_source
-from patchkit.sources.wheel import WheelSource
+import importlib
+
+# Imported on first use (PEP 562): `patchkit.sources.base` is read by every command, while the git and
+# index clients (gitpython, requests) cost a third of a warm `verify`'s start-up and most commands never
+# touch them.
+_HOME = {
+    "CorruptArchiveError": "archives", "DISTRIBUTIONS": "base", "PACKAGES": "base", "Source": "base",
+    "read_many": "base", "FileCache": "cache", "SdistCache": "cache", "CombinedSource": "combined",
+    "combine_sources": "combined", "DirectorySource": "directory", "GitSource": "git",
+    "discover_releases": "index", "SdistSource": "sdist", "open_source": "spec", "WheelSource": "wheel",
+}
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'patchkit.sources' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"patchkit.sources.{_HOME[name]}"), name)
+
 
 __all__ = [
     "DISTRIBUTIONS",

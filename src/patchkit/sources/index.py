@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from typing import BinaryIO
 from urllib.parse import urljoin
 
-import requests
-import urllib3
 from packaging.specifiers import SpecifierSet
 from packaging.utils import (
     InvalidSdistFilename,
@@ -61,6 +59,8 @@ class IndexFile:
 
 def project_files(dist: str) -> tuple[str, list[IndexFile]]:
     """(project page URL, the .tar.gz sdists and wheels of `dist` listed there)."""
+    import requests  # the HTTP client loads only when the index is asked (a warm verify never is)
+
     page = f"{index_url()}/{canonicalize_name(dist)}/"
     try:
         response = requests.get(page, headers={"Accept": JSON_SIMPLE_API}, timeout=TIMEOUT)
@@ -142,6 +142,9 @@ def _portability(file: IndexFile) -> int:
 
 def download(file: IndexFile, out: BinaryIO, *, progress: bool = True) -> None:
     """Stream `file` into `out`, checking its sha256; any failure raises (the caller discards `out`)."""
+    import requests
+    import urllib3
+
     digest = hashlib.sha256()
     received = 0
     try:

@@ -12,7 +12,6 @@ from patchkit.errors import PatchkitError
 from patchkit.sources.base import Source
 from patchkit.sources.cache import SdistCache
 from patchkit.sources.directory import DirectorySource
-from patchkit.sources.git import GitSource
 from patchkit.sources.release import open_release
 from patchkit.sources.sdist import SdistSource
 from patchkit.sources.wheel import WheelSource
@@ -33,6 +32,8 @@ def open_source(spec: str | os.PathLike[str], *, cache: SdistCache | None = None
         location, at, ref = text.removeprefix("git:").rpartition("@")
         if not at or not location or not ref:
             raise PatchkitError(f"git source {spec!r}: write git:PATH_OR_URL@REF (REF a tag, branch or commit)")
+        from patchkit.sources.git import GitSource  # gitpython: loaded only for git sources
+
         return GitSource(location, ref, cache=cache)
     if _URL.match(text):  # Path() would fold "https://" to "https:/" and report a path nobody typed
         raise PatchkitError(f"source {text!r} is a URL: a git repository is git:URL@REF, a release is its "

@@ -319,10 +319,12 @@ def load_image_series(images_dir: Path | None, patchset: PatchSet) -> dict[str, 
 
 
 def open_target(target: Target, *, cache: SdistCache | None = None, progress: bool = False) -> Source:
-    from patchkit.sources import GitSource, open_source
+    from patchkit.sources import open_source
 
     try:
         if target.location is not None:
+            from patchkit.sources.git import GitSource  # gitpython: only for git targets
+
             return GitSource(target.location, target.ref, cache=cache)
         return open_source(target.spec, cache=cache, progress=progress)
     except PatchkitError as e:

@@ -231,7 +231,7 @@ def test_per_rank_memory_at_tp(real_size_nvidia):
     assert per_rank_bytes(inv, 1, language_model_only=True) == inv.total_bytes - vision
     tp2 = per_rank_bytes(inv, 2, language_model_only=True)
     assert (inv.total_bytes - vision) / 2 < tp2 < (inv.total_bytes - vision) / 2 * 1.02
-    # Seed 004 estimates ~90.9 GiB a rank at TP=2 for this checkpoint on the real headers.
+    # Field records "The nvidia-nvfp4 target" estimates ~90.9 GiB a rank at TP=2 for this checkpoint on the real headers.
     assert 88 < tp2 / 2**30 < 97
     with pytest.raises(PatchkitError):
         per_rank_bytes(inv, 0, True)

@@ -124,7 +124,7 @@ def rows(lines: list[str]) -> dict[str, tuple[str, str]]:
 @pytest.mark.vllm
 def test_modelopt_mixed_precision_reports_its_per_prefix_resolution(patched):
     got = rows(patched["mixed"])
-    # the seeds' marker of a live MTP namespace fix, and the main model's NVFP4 experts
+    # the recipes' marker of a live MTP namespace fix, and the main model's NVFP4 experts
     assert got["model.layers.45.mlp.experts"] == ("RoutedExperts", "MXFP8")
     assert got["language_model.model.layers.3.mlp.experts"] == ("RoutedExperts", "NVFP4")
     # BF16 parts of the lab checkpoint resolve to no quantized method

@@ -69,7 +69,7 @@ MANAGED_FLAGS = frozenset(
     }
 )
 
-# The pinned KV pool and cache layout every GLM-5.3 recipe uses (seed 001/002): 10 GiB pinned,
+# The pinned KV pool and cache layout every GLM-5.3 recipe uses (field records "Measured recipes"/002): 10 GiB pinned,
 # 576-wide fp8 rows for the sparse MLA backend on compute capability 12.x.
 PINNED_KV_BYTES = 10 * 1024**3
 KV_CACHE_DTYPE = "fp8_ds_mla"
@@ -380,7 +380,7 @@ def _serve(t: _Table, mtp: str) -> Serve:
     if serve.tensor_parallel_size < 1 or not 0 < serve.port < 65536:
         raise PatchkitError(f"{where}: tensor_parallel_size must be >= 1 and port 1..65535")
     if serve.kv_cache_memory_bytes != PINNED_KV_BYTES or serve.kv_cache_dtype != KV_CACHE_DTYPE:
-        # Seed 001: GMU sizing has no headroom at ~93 GiB of weights; the pool is pinned to the digit.
+        # Field records "Measured recipes": GMU sizing has no headroom at ~93 GiB of weights; the pool is pinned to the digit.
         raise PatchkitError(
             f"{where}: the GLM-5.3 recipes pin kv_cache_memory_bytes={PINNED_KV_BYTES} and "
             f"kv_cache_dtype={KV_CACHE_DTYPE!r}"

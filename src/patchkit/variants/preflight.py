@@ -36,9 +36,9 @@ from patchkit.variants.spelling import spelling_of, weight_map_names
 
 GIB = 1024**3
 GB10_MEMORY_GIB = 121.63  # unified memory per DGX Spark node
-GB10_FREE_AT_BOOT_GIB = 108.5  # seed 002: driver reserve + page cache routinely leave about this much
+GB10_FREE_AT_BOOT_GIB = 108.5  # field records "The 4p67 recipe": driver reserve + page cache routinely leave about this much
 # Activations at --max-num-batched-tokens 4096, CUDA/NCCL context and the sampler: a margin, not a
-# measurement (seed 002 lists "weights ~93 + pinned KV 10 + activations" as the whole allocation).
+# measurement (field records "The 4p67 recipe" lists "weights ~93 + pinned KV 10 + activations" as the whole allocation).
 ACTIVATION_RESERVE_GIB = 6.0
 
 # Modules vLLM 0.33 builds with the checkpoint's quant config (glm5next/common/model.py): routed experts

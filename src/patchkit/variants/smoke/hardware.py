@@ -34,7 +34,7 @@ from patchkit.variants.smoke.judge import Finding, judge_log
 
 QUANTPROBE_PATCH = "quantprobe"  # the opt-in patch printing [quantprobe] lines when PATCHKIT_QUANTPROBE=1
 
-MIN_MAX_TOKENS = 256  # seed 001: max_tokens 48 can end in content null, finish "length"
+MIN_MAX_TOKENS = 256  # field records "Measured recipes": max_tokens 48 can end in content null, finish "length"
 CHAT_PROMPT = "Reply with one short sentence: what is 17 times 3?"
 # Hangul and CJK: a broken byte-level detokenizer or a corrupt expert shows up as U+FFFD here first.
 PROBE_PROMPT = "다음 문장을 한국어와 중국어로 각각 한 번씩 번역하세요: 'The river is quiet tonight.' 请只输出两句译文。"
@@ -78,7 +78,7 @@ def wait_healthy(
 
 
 def chat(base_url: str, model: str, prompt: str, max_tokens: int = MIN_MAX_TOKENS, timeout: float = 600) -> dict:
-    """One chat completion with low reasoning effort (other values select MAX effort, seed 002)."""
+    """One chat completion with low reasoning effort (other values select MAX effort, field records "The 4p67 recipe")."""
     if max_tokens < MIN_MAX_TOKENS:
         raise PatchkitError(f"max_tokens must be >= {MIN_MAX_TOKENS}: reasoning can use up a shorter budget")
     body = {
@@ -143,7 +143,7 @@ class DockerRunner:
 
     GPU access, host networking and IPC (NCCL across the two Sparks), 32 GB of shm as the recipes use,
     the Hugging Face cache mounted read-only. The container is kept after exit: its log is the evidence
-    (seed 001 lost a failed boot's logs to --rm). Never run on hardware here."""
+    (field records "Measured recipes" lost a failed boot's logs to --rm). Never run on hardware here."""
 
     def __init__(self, host: str, hf_cache: str, shm_size: str = "32g") -> None:
         import docker

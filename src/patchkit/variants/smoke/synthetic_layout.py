@@ -110,7 +110,7 @@ LAYOUTS = {
             "routed_expert": "NVFP4", "mtp:routed_expert": "NVFP4A16", "attention": "MXFP8",
             "indexer": "MXFP8", "shared_expert": "MXFP8",
         },
-        # The routed experts ship A4 input scales but are declared weight-only (seed 002).
+        # The routed experts ship A4 input scales but are declared weight-only (field records "The 4p67 recipe").
         {"NVFP4": "W4A16_NVFP4", "NVFP4A16": "W4A16_NVFP4", "MXFP8": "MXFP8"},
         has_mtp=True, mtp_in_ignore=False, kv_fp8=False,
     ),

@@ -77,7 +77,8 @@ def tests(session: nox.Session) -> None:
     if not session.posargs:  # a fresh matrix: no record of an earlier run may stand in for this one
         shutil.rmtree(RESULTS, ignore_errors=True)
     _release_env(session, PINNED)
-    session.run("pytest", *(session.posargs or ["-q"]))
+    # Both cores: one worker per test file (module fixtures such as the patched vLLM copy are built once).
+    session.run("pytest", *(session.posargs or ["-q", "-n", "auto", "--dist", "loadfile"]))
     if not session.posargs:
         for release in DEFAULT_OLDER:
             session.notify(f"release-{release}")
@@ -88,7 +89,8 @@ def _release_session(release: str) -> None:
     def run(session: nox.Session) -> None:
         install_vllm_env(session, release)
         _release_env(session, release)
-        session.run("pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or RELEASE_SENSITIVE))
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "-n", "auto", "--dist", "loadfile",
+                    *(session.posargs or RELEASE_SENSITIVE))
 
     run.__doc__ = f"The release-sensitive tests on vLLM {release} (its own cached CPU environment)."
     nox.session(name=f"release-{release}", python="3.11", venv_backend="uv")(run)
@@ -168,6 +170,15 @@ def bench(session: nox.Session) -> None:
     # patched wheel vs unpack+pack; image builds on the ~10 GB realistic base: --load against layout +
     # skopeo copy, the daemonless push against buildah bud. `-- --json FILE` keeps every number.
     session.run("python", str(ROOT / "tests" / "bench.py"), *session.posargs)
+
+
+@nox.session(name="demo-base", python="3.11")
+def demo_base(session: nox.Session) -> None:
+    """A linux/arm64 base to try the build on, from the real released sources: `nox -s demo-base -- DIR
+    [pinned]` writes an OCI layout (vLLM 0.33.0 + FlashInfer 0.7.2.post1, or with `pinned` the stand-in
+    for the images' pinned base); then `nox -s build-4p67 -- --base DIR:base`."""
+    session.install("-e", str(ROOT))
+    session.run("python", str(ROOT / "tests" / "bases.py"), *(session.posargs or ["build/demo-base"]))
 
 
 def _variant_name(image_dir: Path) -> str:

@@ -37,8 +37,8 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session, exitstatus):
     target = os.environ.get("PATCHKIT_RESULTS")
-    if not target:
-        return
+    if not target or hasattr(session.config, "workerinput"):
+        return  # under pytest-xdist only the controller, which sees every worker's reports, writes the record
     record = {
         "vllm": _version("vllm"),
         "torch": _version("torch"),

@@ -9,12 +9,9 @@ second build reads nothing from the network.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
-
-import platformdirs
 
 from patchkit.errors import PatchkitError
 from patchkit.oci.layout import Layout
@@ -28,12 +25,12 @@ from patchkit.oci.media import (
 )
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference, RegistryClient
+from patchkit.sources.cache import default_cache_root
 
 
 def default_cache() -> Path:
-    """`$PATCHKIT_CACHE/oci` or the user cache (`~/.cache/patchkit/oci` on Linux)."""
-    root = os.environ.get("PATCHKIT_CACHE")
-    return (Path(root) if root else platformdirs.user_cache_path("patchkit")) / "oci"
+    """`oci/` in patchkit's one cache root (`$PATCHKIT_CACHE_DIR`, else the user cache directory)."""
+    return default_cache_root() / "oci"
 
 
 @dataclass

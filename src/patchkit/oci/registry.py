@@ -7,8 +7,8 @@ repository instead of being downloaded and uploaded again. Every byte read is ch
 digest it was asked for: a registry cannot hand back different content than the reference pins.
 
 Credentials come from the files `docker login`/`podman login` write (`$REGISTRY_AUTH_FILE`,
-`$DOCKER_CONFIG/config.json`, `~/.docker/config.json`; inline `auth` entries only), so CI logs in with
-the usual action. Loopback registries are spoken to over plain HTTP, as Docker does; others over HTTPS
+`$DOCKER_CONFIG/config.json`, `~/.docker/config.json`), inline entries and credential helpers alike
+(read by the docker SDK), so CI logs in with the usual action and a workstation with its credential store. Loopback registries are spoken to over plain HTTP, as Docker does; others over HTTPS
 unless listed in `$PATCHKIT_INSECURE_REGISTRIES` (comma-separated host[:port]).
 """
 
@@ -95,23 +95,28 @@ def _is_loopback(host: str) -> bool:
 
 
 def _credentials(registry: str) -> tuple[str, str] | None:
+    """(user, password) for `registry` from the files `docker login` / `podman login` write, read by the
+    docker SDK: inline `auths` entries and the credential helpers (`credsStore`, `credHelpers`) that
+    Docker Desktop, `docker-credential-pass` and cloud logins store them in."""
+    import docker.auth
+    import docker.errors
+
     files = [os.environ.get("REGISTRY_AUTH_FILE"),
              os.path.join(os.environ["DOCKER_CONFIG"], "config.json") if os.environ.get("DOCKER_CONFIG") else None,
              os.path.expanduser("~/.docker/config.json")]
-    keys = {registry, f"https://{registry}", f"http://{registry}"}
-    if registry == DOCKER_HUB:
-        keys |= {"https://index.docker.io/v1/", "index.docker.io", DOCKER_HUB_API}
-    for name in filter(None, files):
-        try:
-            auths = json.loads(Path(name).read_text()).get("auths") or {}
-        except (OSError, ValueError):
+    name = "index.docker.io" if registry == DOCKER_HUB else registry
+    for path in filter(None, files):
+        if not os.path.isfile(path):
             continue
-        for key, entry in auths.items():
-            if key.rstrip("/") in keys or key in keys:
-                raw = (entry or {}).get("auth")
-                if raw:
-                    user, _, password = base64.b64decode(raw).decode().partition(":")
-                    return user, password
+        try:
+            json.loads(Path(path).read_text())  # the SDK would skip a malformed file without a word
+            entry = docker.auth.resolve_authconfig(docker.auth.load_config(config_path=path), name)
+        except (docker.errors.DockerException, OSError, ValueError) as exc:
+            raise PatchkitError(f"{path}: cannot read the credentials for {registry}: {exc}") from None
+        # inline entries come back as username/password, credential helpers' as Username/Password
+        entry = {k.lower(): v for k, v in (entry or {}).items()}
+        if entry.get("username") is not None:
+            return entry["username"], entry.get("password") or ""
     return None
 
 

@@ -196,7 +196,7 @@ def test_override_on_a_verified_checkpoint(tmp_path):
         config["quantization_config"], ignore=config["quantization_config"]["ignore"] + EXPECTED_45
     )}
     # The 4p67 variant is another checkpoint: its layout does not match this config.
-    with pytest.raises(PatchkitError, match="declares modelopt NVFP4; variant 4p67 is modelopt MIXED_PRECISION"):
+    with pytest.raises(PatchkitError, match="declares modelopt NVFP4; variant 4p67 expects modelopt MIXED_PRECISION"):
         serve_args(mixed, root, pin_config=config_sha, pin_index=index_sha)
     # The pinned lab variant refuses these files before reading them.
     with pytest.raises(PatchkitError, match="contradicts"):

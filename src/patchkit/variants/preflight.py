@@ -31,7 +31,7 @@ from patchkit.variants.checkpoint import (
 )
 from patchkit.variants.definitions import Variant, load_variants, resolve_pins
 from patchkit.variants.mtp_ignore import extended_quantization_config
-from patchkit.variants.quant_config import CompressedTensors, ct_algo, read_quant_config
+from patchkit.variants.quant_config import CompressedTensors, ct_algo, read_declared
 from patchkit.variants.spelling import spelling_of, weight_map_names
 
 GIB = 1024**3
@@ -283,15 +283,10 @@ def preflight(
     text = config.get("text_config", config)
     if not isinstance(text, dict):
         raise PatchkitError(f"{root / CONFIG}: text_config is not an object")
-    source = read_quant_config(root, config, variant.quantization)
+    source = read_declared(root, config, variant)
     quant = source.config
-    declared_algo = quant.get("quant_algo") or quant.get("format")
+    declared_algo = source.declared_algo
     want = variant.checkpoint
-    if quant.get("quant_method") != want.format or str(declared_algo).upper() != want.quant_algo.upper():
-        raise PatchkitError(
-            f"{root / CONFIG} declares {quant.get('quant_method')} {declared_algo}; variant {variant.name} "
-            f"expects {want.format} {want.quant_algo}: another checkpoint, or the variant is wrong"
-        )
     layers = text.get("num_hidden_layers")
     if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
         raise PatchkitError(f"{root / CONFIG}: num_hidden_layers missing or invalid: {layers!r}")

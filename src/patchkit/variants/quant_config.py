@@ -23,10 +23,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import load_json_object
 from patchkit.variants.checkpoint import sha256_bytes
+
+if TYPE_CHECKING:
+    from patchkit.variants.definitions import Variant
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
 MODELOPT_METHODS = ("modelopt", "modelopt_fp4", "modelopt_mxfp8", "modelopt_mixed")
@@ -40,6 +44,11 @@ class QuantSource:
     config: dict  # flat: quant_method, quant_algo | format, ignore, quantized_layers, config_groups
     source: str  # where vLLM reads it: "config.json", "config.json text_config", "hf_quant_config.json"
     sha256: str | None = None  # of hf_quant_config.json (not pinned: reported so the user can check it)
+
+    @property
+    def declared_algo(self) -> str | None:
+        """ModelOpt's quant_algo, or compressed-tensors' format."""
+        return self.config.get("quant_algo") or self.config.get("format")
 
 
 def hf_to_vllm(name: str) -> str:
@@ -61,6 +70,18 @@ def _flatten_modelopt(data: dict, where: str) -> dict:
     if "exclude_modules" in flat and "ignore" not in flat:
         flat["ignore"] = flat["exclude_modules"]
     return flat
+
+
+def read_declared(root: Path, config: dict, variant: Variant) -> QuantSource:
+    """The quantization table vLLM reads for `variant`, refused unless it declares the variant's own format
+    and algorithm (else this is another checkpoint): the one check preflight and serve-args share."""
+    source = read_quant_config(root, config, variant.quantization)
+    method, algo = source.config.get("quant_method"), source.declared_algo
+    want = variant.checkpoint
+    if method != want.format or str(algo).upper() != want.quant_algo.upper():
+        raise PatchkitError(f"{root}/config.json declares {method} {algo}; variant {variant.name} expects "
+                            f"{want.format} {want.quant_algo}: another checkpoint, or the variant is wrong")
+    return source
 
 
 def read_quant_config(root: Path, config: dict, vllm_method: str) -> QuantSource:

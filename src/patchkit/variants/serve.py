@@ -17,7 +17,7 @@ from patchkit.errors import PatchkitError
 from patchkit.variants.checkpoint import VerifiedCheckpoint, verify_identity
 from patchkit.variants.definitions import Variant, resolve_pins
 from patchkit.variants.mtp_ignore import hf_overrides
-from patchkit.variants.quant_config import read_quant_config
+from patchkit.variants.quant_config import read_declared
 
 
 @dataclass(frozen=True)
@@ -77,18 +77,6 @@ class ServeCommand:
         )
 
 
-def _check_config_matches(variant: Variant, checkpoint: VerifiedCheckpoint) -> None:
-    """The verified config must declare the layout the variant says: else this is another checkpoint."""
-    quant = read_quant_config(checkpoint.root, checkpoint.config, variant.quantization).config
-    method, algo = quant.get("quant_method"), quant.get("quant_algo") or quant.get("format")
-    want = variant.checkpoint
-    if method != want.format or str(algo).upper() != want.quant_algo.upper():
-        raise PatchkitError(
-            f"{checkpoint.root}/config.json declares {method} {algo}; variant {variant.name} is "
-            f"{want.format} {want.quant_algo}"
-        )
-
-
 def serve_command(
     variant: Variant, checkpoint: VerifiedCheckpoint | None = None, model: str | None = None
 ) -> ServeCommand:
@@ -116,7 +104,7 @@ def serve_command(
     notes: list[str] = []
     overrides = None
     if checkpoint is not None:
-        _check_config_matches(variant, checkpoint)
+        read_declared(checkpoint.root, checkpoint.config, variant)
     if ckpt.exclude_mtp_from_quant:
         if checkpoint is None:
             pending.append(

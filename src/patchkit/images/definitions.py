@@ -53,7 +53,7 @@ from pathlib import Path, PurePosixPath
 
 from packaging.version import InvalidVersion, Version
 
-from patchkit import CHECKOUT, tomlschema
+from patchkit import tomlschema
 from patchkit.errors import PatchkitError
 from patchkit.images.schema import ImageFile
 from patchkit.patching.patchset import PatchSet
@@ -113,10 +113,6 @@ class Image:
     def engine_versions(self) -> dict[str, str]:
         """The `versions=` the engine gets for this image's own base: each declared layout."""
         return {p.name: p.layout for p in self.packages.values() if p.layout}
-
-
-def default_images_dir() -> Path:
-    return CHECKOUT / "images"
 
 
 def load_images(images_dir: Path | str, patchset: PatchSet) -> dict[str, Image]:

@@ -38,11 +38,15 @@ import time
 import zipfile
 from pathlib import Path
 
+from patchkit import PINNED_VLLM
 from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
 from patchkit.sources import DirectorySource, SdistCache, open_source
 from patchkit.sources.pins import pinned_flashinfer
-from patchkit.verify import matrix as verify
+from patchkit.verify.matrix import compute as compute_matrix
+from patchkit.verify.matrix import load_image_series
+from patchkit.verify.render import to_dict
+from patchkit.verify.targets import Target, index_targets, parse_versions
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = (
@@ -115,7 +119,7 @@ def link(source: Path, target: Path) -> None:
 def extracted(user: SdistCache, work: Path):
     """The obvious route's opener: extract the whole sdist, read the directory."""
 
-    def opener(target: verify.Target) -> DirectorySource:
+    def opener(target: Target) -> DirectorySource:
         archive = user.lookup("vllm", target.ref).path
         into = work / target.ref
         shutil.rmtree(into, ignore_errors=True)
@@ -193,17 +197,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.wheels_only:
         with tempfile.TemporaryDirectory(prefix="patchkit-bench-") as tmp:
-            print_rows(bench_wheels(Path(tmp), load_patchset(args.patches).series(), verify.PINNED_VLLM,
+            print_rows(bench_wheels(Path(tmp), load_patchset(args.patches).series(), PINNED_VLLM,
                                     min(args.repeat, 3)))
         return
 
     versions = args.versions.split(",")
-    pinned = verify.PINNED_VLLM
+    pinned = PINNED_VLLM
     if pinned not in versions:
         versions.append(pinned)
     patchset = load_patchset(args.patches)
-    images = verify.load_image_series(args.images, patchset)
-    targets = verify.index_targets(verify.parse_versions(",".join(versions)))
+    images = load_image_series(args.images, patchset)
+    targets = index_targets(parse_versions(",".join(versions)))
     user = SdistCache()
     companions = {}
     for version in versions:  # downloads, once, outside any measurement
@@ -221,7 +225,7 @@ def main() -> None:
         tar_pin, _ = timed(lambda: [tar_pass(a) for a in archives[pinned]], 3, "tar-pin")
 
         def compute(cache=None, opener=None, subset=targets):
-            return verify.compute(patchset, subset, image_series=images, cache=cache, opener=opener)
+            return compute_matrix(patchset, subset, image_series=images, cache=cache, opener=opener)
 
         # Cold, the pinned release alone: the ratio the issue sets (within 20% of one decompression).
         pin_target = [t for t in targets if t.ref == pinned]
@@ -251,7 +255,7 @@ def main() -> None:
         obvious, obvious_matrix = timed(lambda: compute(opener=obvious_opener), 1, "obvious")
         trees = {t.ref: DirectorySource(next((tmp / "extracted" / t.ref).iterdir())) for t in targets}
         kept, _ = timed(lambda: compute(opener=lambda t: trees[t.ref]), args.repeat, "kept")
-        same = verify.to_dict(matrix)["patches"] == verify.to_dict(obvious_matrix)["patches"]
+        same = to_dict(matrix)["patches"] == to_dict(obvious_matrix)["patches"]
 
         # Full-series apply on the pinned release: patchkit writes the changed files into an empty
         # directory (what an image layer holds); the obvious route extracts everything, patches the tree.

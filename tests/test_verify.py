@@ -28,7 +28,8 @@ from patchkit.cli.verify import verify_command
 from patchkit.errors import PatchkitError
 from patchkit.sources import open_source, read_many
 from patchkit.sources.cache import SdistCache
-from patchkit.verify.matrix import CELL_STATES, parse_versions
+from patchkit.verify.states import CellState
+from patchkit.verify.targets import parse_versions
 
 REPO = Path(__file__).resolve().parents[1]
 RELEASES = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
@@ -243,7 +244,7 @@ def test_the_real_patch_set_and_images_give_a_full_matrix_of_valid_states(index_
     assert [c["label"] for c in doc["columns"]] == list(RELEASES)
     for patch in doc["patches"]:
         assert set(patch["cells"]) == set(RELEASES)
-        assert all(cell["state"] in CELL_STATES for cell in patch["cells"].values()), patch
+        assert all(cell["state"] in {state.value for state in CellState} for cell in patch["cells"].values()), patch
     assert {i["name"] for i in doc["images"]} == {p.parent.name for p in (REPO / "images").glob("*/image.toml")}
     assert all(set(i["builds"]) == set(RELEASES) for i in doc["images"])
     assert code == (1 if doc["findings"] else 0)
@@ -523,3 +524,15 @@ def test_with_a_flashinfer_source_its_edits_are_checked_on_every_version(local_i
 
     result = verify(*args, "--with", f"vllm=={PINNED_VLLM}")
     assert result.exit_code == 2 and "--with takes sources of other packages" in result.stderr
+
+
+def test_every_engine_state_has_a_cell_state():
+    """No engine verdict crashes the matrix: partial and modified upstream trees read as broken."""
+    from patchkit.patching.planner import State
+
+    assert {state: CellState.from_engine(state) for state in State} == {
+        State.NOT_APPLIED: CellState.APPLIES, State.APPLIED: CellState.APPLIED,
+        State.UPSTREAMED: CellState.UPSTREAMED, State.BROKEN: CellState.BROKEN,
+        State.PARTIAL: CellState.BROKEN, State.MODIFIED: CellState.BROKEN,
+        State.OUT_OF_RANGE: CellState.OUT_OF_RANGE, State.NOT_APPLICABLE: CellState.NOT_APPLICABLE,
+    }

@@ -45,30 +45,32 @@ def verify_command(versions, git_location, tag_globs, refs, with_sources, patche
     from patchkit.errors import PatchkitError
     from patchkit.patching.patchset import load_patchset
     from patchkit.sources import open_source
-    from patchkit.verify import matrix as verify
+    from patchkit.verify.matrix import compute, load_image_series
+    from patchkit.verify.render import render, to_dict, to_markdown
+    from patchkit.verify.targets import git_targets, index_targets, parse_versions
 
     if as_json and markdown:
         raise click.UsageError("--json and --markdown are exclusive")
     if (tag_globs or refs) and not git_location:
         raise click.UsageError("--tags and --ref need --git PATH_OR_URL")
-    wanted = verify.parse_versions(versions)
+    wanted = parse_versions(versions)
     patchset = load_patchset(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"))
-    image_series = verify.load_image_series(images_dir or default_dir("images", "PATCHKIT_IMAGES"), patchset)
+    image_series = load_image_series(images_dir or default_dir("images", "PATCHKIT_IMAGES"), patchset)
     if git_location:
-        targets = verify.git_targets(git_location, tag_globs or ("v*",), refs, wanted)
+        targets = git_targets(git_location, tag_globs or ("v*",), refs, wanted)
     else:
-        targets = verify.index_targets(wanted)
+        targets = index_targets(wanted)
     progress = sys.stderr.isatty()
     extra = [open_source(spec, progress=progress) for spec in with_sources]
     if any("vllm" in source.versions() for source in extra):
         raise PatchkitError("--with takes sources of other packages (FlashInfer); vLLM is what verify iterates")
-    matrix = verify.compute(patchset, targets, image_series=image_series, extra=extra, progress=progress)
+    matrix = compute(patchset, targets, image_series=image_series, extra=extra, progress=progress)
     if as_json:
-        click.echo(json.dumps(verify.to_dict(matrix), indent=2, sort_keys=True))
+        click.echo(json.dumps(to_dict(matrix), indent=2, sort_keys=True))
     elif markdown:
-        click.echo(verify.to_markdown(matrix))
+        click.echo(to_markdown(matrix))
     else:
         console = Console()
-        for renderable in verify.render(matrix):
+        for renderable in render(matrix):
             console.print(renderable)
     sys.exit(matrix.exit_code)

@@ -1,9 +1,9 @@
 """`patchkit verify`: the patch set against upstream vLLM versions, as a matrix patch x version.
 
-Each version is opened as a source once; the full series and every image's own series are planned
-against it in memory by the engine (nothing is written). Index releases open in parallel, a few at a
-time (one per core and one waiting), and each is dropped once planned. Only the files the patches name are read, through
-the sources' caches: a warm run decompresses nothing.
+Each version (a `targets.Target`) is opened as a source once; the full series and every image's own
+series are planned against it in memory by the engine (nothing is written). Index releases open in
+parallel, a few at a time (one per core and one waiting), and each is dropped once planned. Only the
+files the patches name are read, through the sources' caches: a warm run decompresses nothing.
 
 The pinned release is always a column: it is the baseline the exit code is measured against.
 Exit 1 (`Matrix.exit_code`) means one of:
@@ -13,19 +13,20 @@ Exit 1 (`Matrix.exit_code`) means one of:
   without this rule a new release would only ever show "out of range" and never raise the alarm:
   every out-of-range cell is evaluated again with the ranges ignored ("would apply" / "would break").
 Older versions are reported, never counted; an upstreamed patch is reported, never an error.
+
+The cells' states are `states.CellState`; `render` shows the matrix to people and machines.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from patchkit import PINNED_VLLM
@@ -34,151 +35,10 @@ from patchkit.patching.patchset import Patch, PatchSet
 from patchkit.patching.planner import PatchResult, Plan, State, plan
 from patchkit.sources.base import Source
 from patchkit.sources.cache import SdistCache
+from patchkit.verify.states import CellState
+from patchkit.verify.targets import Target, open_target
 
 FULL = "full"  # the series name standing for the whole patch set when there are no images
-
-# Cell states, as the matrix shows them ("applies" is the engine's not-applied: pending, and clean).
-APPLIES, APPLIED, UPSTREAMED, BROKEN = "applies", "applied", "upstreamed", "broken"
-OUT_OF_RANGE, NOT_APPLICABLE = "out-of-range", "not-applicable"
-CELL_STATES = (APPLIES, APPLIED, UPSTREAMED, BROKEN, OUT_OF_RANGE, NOT_APPLICABLE)
-_FROM_ENGINE = {
-    State.NOT_APPLIED: APPLIES,
-    State.APPLIED: APPLIED,
-    State.UPSTREAMED: UPSTREAMED,
-    State.BROKEN: BROKEN,
-    State.PARTIAL: BROKEN,  # a pristine upstream tree holding half a patch: the detail says so
-    State.OUT_OF_RANGE: OUT_OF_RANGE,
-    State.NOT_APPLICABLE: NOT_APPLICABLE,
-}
-_GOOD = (APPLIES, APPLIED)
-_OPERATORS = "<>=!~"
-
-
-# --- which versions -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Target:
-    """One column to open: a release on the index, or a ref of a git repository."""
-
-    label: str  # the column heading: "0.33.0", "v0.34.0rc1", "main"
-    ref: str  # the version (index) or the tag/branch/commit (git)
-    location: str | None = None  # the git repository; None for the index
-    order: Version | None = None  # the version known before opening, for ordering; None: unknown
-    pinned: bool = False  # the baseline: the pinned release, from the index or the repository's tag
-
-    @property
-    def spec(self) -> str:
-        return f"git:{self.location}@{self.ref}" if self.location else f"vllm=={self.ref}"
-
-
-@dataclass(frozen=True)
-class VersionFilter:
-    """`--versions`: an explicit list (`0.30.0,0.33.0`) or a PEP 440 range (`>=0.30`)."""
-
-    exact: frozenset[Version] | None = None
-    spec: SpecifierSet | None = None
-
-    def admits(self, version: Version) -> bool:
-        if self.exact is not None:
-            return version in self.exact
-        return self.spec is None or self.spec.contains(version, prereleases=True)
-
-
-def parse_versions(text: str | None, pinned: str = PINNED_VLLM) -> VersionFilter:
-    """None means the default: the pinned release and everything newer."""
-    if text is None:
-        return VersionFilter(spec=SpecifierSet(f">={pinned}"))
-    text = text.strip()
-    if not text:
-        raise PatchkitError("--versions is empty: give versions (0.30.0,0.33.0) or a PEP 440 range (>=0.30)")
-    if any(op in text for op in _OPERATORS):
-        try:
-            return VersionFilter(spec=SpecifierSet(text))
-        except InvalidSpecifier as e:
-            raise PatchkitError(
-                f"--versions {text!r} is neither a list of versions nor a PEP 440 range ({e}); "
-                "a range cannot be mixed with plain versions"
-            ) from None
-    versions = set()
-    for item in text.split(","):
-        try:
-            versions.add(Version(item.strip()))
-        except InvalidVersion:
-            raise PatchkitError(f"--versions: {item.strip()!r} is not a version (PEP 440)") from None
-    return VersionFilter(exact=frozenset(versions))
-
-
-def index_targets(wanted: VersionFilter, pinned: str = PINNED_VLLM) -> list[Target]:
-    """Releases of vLLM on the package index; a range is resolved against the index (no pre-releases)."""
-    if wanted.exact is not None:
-        versions = set(wanted.exact)
-    else:
-        from patchkit.sources import discover_releases
-
-        versions = set(discover_releases("vllm", wanted.spec))
-    versions.add(Version(pinned))
-    return [Target(str(v), str(v), order=v, pinned=v == Version(pinned)) for v in sorted(versions)]
-
-
-def git_targets(
-    location: str,
-    tag_globs: Iterable[str],
-    refs: Iterable[str],
-    wanted: VersionFilter,
-    pinned: str = PINNED_VLLM,
-) -> list[Target]:
-    """Tags of `location` matching any glob and admitted by `wanted`, then each ref as given.
-
-    A tag whose name is not a version is kept when its name matches (the glob asked for it). The
-    pinned release comes from the repository's own tag for it when there is one (any name that reads
-    as the version: v0.33.0 or 0.33.0), else from the index.
-    """
-    tags = list_tags(location)
-    globs = list(tag_globs)
-    chosen: list[Target] = []
-    unversioned: list[Target] = []
-    baseline: Target | None = None
-    for tag in sorted(tags):
-        version = tag_version(tag)
-        matches = any(fnmatch.fnmatchcase(tag, g) for g in globs)
-        if version is not None and version == Version(pinned) and baseline is None:
-            baseline = Target(tag, tag, location, version, pinned=True)
-        if not matches:
-            continue
-        if version is None:
-            unversioned.append(Target(tag, tag, location))
-        elif wanted.admits(version):
-            chosen.append(Target(tag, tag, location, version))
-    if baseline is None:
-        baseline = Target(pinned, pinned, order=Version(pinned), pinned=True)
-    chosen = [t for t in chosen if t.label != baseline.label] + [baseline]
-    chosen.sort(key=lambda t: (t.order, t.label))
-    seen = {t.label for t in chosen + unversioned}
-    extra = [Target(ref, ref, location) for ref in dict.fromkeys(refs) if ref not in seen]
-    return chosen + unversioned + extra
-
-
-def list_tags(location: str) -> list[str]:
-    """Tag names of a local or remote repository, without cloning it (`git ls-remote`)."""
-    import git
-
-    try:
-        out = git.cmd.Git().ls_remote("--tags", "--refs", location)
-    except git.GitCommandError as e:
-        detail = (e.stderr or str(e)).strip()
-        raise PatchkitError(f"cannot list the tags of git repository {location}: {detail}") from None
-    return [line.split("\trefs/tags/", 1)[1] for line in out.splitlines() if "\trefs/tags/" in line]
-
-
-def tag_version(tag: str) -> Version | None:
-    try:
-        return Version(tag.removeprefix("v"))
-    except InvalidVersion:
-        return None
-
-
-# --- the matrix -----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -196,22 +56,22 @@ class Column:
 
 @dataclass
 class Cell:
-    state: str
+    state: CellState
     result: PatchResult  # the engine's verdict within the full series
     would: PatchResult | None = None  # out of range: the verdict with every range ignored
 
     @property
-    def would_state(self) -> str | None:
-        return _FROM_ENGINE[self.would.state] if self.would is not None else None
+    def would_state(self) -> CellState | None:
+        return CellState.from_engine(self.would.state) if self.would is not None else None
 
     def summary(self) -> str:
         """One line: the state and, when it matters, why."""
-        if self.state == OUT_OF_RANGE:
+        if self.state == CellState.OUT_OF_RANGE:
             text = f"out of range: {self.result.detail}"
             if self.would is not None:
-                text += f"; ignoring ranges it {_WOULD[self.would_state]}"
+                text += f"; ignoring ranges it {self.would_state.would}"
             return text
-        return f"{self.state}: {self.result.detail}" if self.result.detail else self.state
+        return f"{self.state}: {self.result.detail}" if self.result.detail else str(self.state)
 
     def diagnostics(self) -> str:
         """The engine's account of each broken edit, nearest matches included ("" if no edit is broken)."""
@@ -219,16 +79,6 @@ class Cell:
             if result is not None and any(e.state == "broken" for e in result.edits):
                 return result.describe()
         return ""
-
-
-_WOULD = {
-    APPLIES: "would apply",
-    APPLIED: "is already applied",
-    UPSTREAMED: "is upstreamed (drop it)",
-    BROKEN: "would break",
-    OUT_OF_RANGE: "has no release number to check",
-    NOT_APPLICABLE: "is not applicable",
-}
 
 
 @dataclass
@@ -272,12 +122,12 @@ class Matrix:
         out = []
         base = self.baseline
         for patch in self.patches:
-            good_on_pin = self.cell(patch.id, base.label).state in _GOOD
+            good_on_pin = self.cell(patch.id, base.label).state.good
             for column in self.columns:
                 if not (column.pinned or column.newer):
                     continue
                 cell = self.cell(patch.id, column.label)
-                if cell.state == BROKEN:
+                if cell.state == CellState.BROKEN:
                     if column.pinned:
                         reason = "broken on the pinned release"
                     elif good_on_pin:
@@ -285,7 +135,7 @@ class Matrix:
                     else:
                         reason = f"broken on {column.label}, within its range"
                     out.append(Finding(patch.id, column.label, reason))
-                elif cell.state == OUT_OF_RANGE and good_on_pin and cell.would_state == BROKEN:
+                elif cell.state == CellState.OUT_OF_RANGE and good_on_pin and cell.would_state == CellState.BROKEN:
                     out.append(
                         Finding(
                             patch.id,
@@ -316,19 +166,6 @@ def load_image_series(images_dir: Path | None, patchset: PatchSet) -> dict[str, 
     from patchkit.images.definitions import load_images
 
     return {name: image.series for name, image in sorted(load_images(images_dir, patchset).items())}
-
-
-def open_target(target: Target, *, cache: SdistCache | None = None, progress: bool = False) -> Source:
-    from patchkit.sources import open_source
-
-    try:
-        if target.location is not None:
-            from patchkit.sources.git import GitSource  # gitpython: only for git targets
-
-            return GitSource(target.location, target.ref, cache=cache)
-        return open_source(target.spec, cache=cache, progress=progress)
-    except PatchkitError as e:
-        raise PatchkitError(f"{target.label}: {e}") from e
 
 
 def compute(
@@ -375,7 +212,7 @@ def compute(
             relaxed = plan([_without_ranges(p) for p in full], source)
         for result in plans[patchset.order].results:
             would = relaxed.result(result.patch.id) if relaxed and result.state == State.OUT_OF_RANGE else None
-            cells[(result.patch.id, column.label)] = Cell(_FROM_ENGINE[result.state], result, would)
+            cells[(result.patch.id, column.label)] = Cell(CellState.from_engine(result.state), result, would)
         for name, ids in image_series.items():
             if ids not in plans:
                 plans[ids] = plan(patchset.series(ids), source)
@@ -467,222 +304,12 @@ def _image_cell(image_plan: Plan, cells: dict[tuple[str, str], Cell], label: str
     """
     blockers = []
     for result in image_plan.results:
-        state = _FROM_ENGINE[result.state]
-        if state == BROKEN:
+        state = CellState.from_engine(result.state)
+        if state == CellState.BROKEN:
             blockers.append(f"{result.patch.id} broken")
-        elif state == OUT_OF_RANGE:
+        elif state == CellState.OUT_OF_RANGE:
             would = cells[(result.patch.id, label)].would_state
-            hint = f", {_WOULD_SHORT.get(would, would)}" if would else ""
+            hint = f", {would.would_short or would}" if would else ""
             blockers.append(f"{result.patch.id} out of range{hint}")
     return ImageCell(blockers)
 
-
-# --- renderers ------------------------------------------------------------------------------------
-
-
-def to_dict(matrix: Matrix) -> dict:
-    from patchkit.patching.report import result_to_dict
-
-    def cell_dict(cell: Cell) -> dict:
-        out = {
-            "state": cell.state,
-            "detail": cell.result.detail,
-            "edits": result_to_dict(cell.result)["edits"],
-            "would": None,
-        }
-        if cell.would is not None:
-            would = result_to_dict(cell.would)
-            out["would"] = {"state": cell.would_state, "detail": would["detail"], "edits": would["edits"]}
-        return out
-
-    newest = matrix.newest_for_all
-    return {
-        "pinned": matrix.pinned,
-        "exit_code": matrix.exit_code,
-        "columns": [
-            {"label": c.label, "version": c.version, "source": c.source, "pinned": c.pinned, "newer": c.newer}
-            for c in matrix.columns
-        ],
-        "patches": [
-            {
-                "id": p.id,
-                "title": p.title,
-                "ranges": {k: str(v) for k, v in p.ranges.items()},
-                "cells": {c.label: cell_dict(matrix.cell(p.id, c.label)) for c in matrix.columns},
-            }
-            for p in matrix.patches
-        ],
-        "images": [
-            {
-                "name": name,
-                "series": list(matrix.image_series[name]),
-                "builds": {
-                    c.label: {"builds": v.builds, "blockers": v.blockers}
-                    for c in matrix.columns
-                    for v in [matrix.images[name][c.label]]
-                },
-            }
-            for name in matrix.images
-        ],
-        "newest_all_images_build": newest.label if newest else None,
-        "findings": [dataclasses.asdict(f) for f in matrix.findings],
-    }
-
-
-_SHORT = {
-    APPLIES: "applies",
-    APPLIED: "applied",
-    UPSTREAMED: "upstreamed",
-    BROKEN: "BROKEN",
-    OUT_OF_RANGE: "out of range",
-    NOT_APPLICABLE: "n/a",
-}
-_WOULD_SHORT = {APPLIES: "would apply", BROKEN: "would BREAK", UPSTREAMED: "upstreamed", APPLIED: "applied"}
-_MARK = {APPLIES: "✅", APPLIED: "✅", UPSTREAMED: "🔵", BROKEN: "❌", OUT_OF_RANGE: "⚪", NOT_APPLICABLE: "➖"}
-_STYLE = {
-    APPLIES: "green",
-    APPLIED: "green",
-    UPSTREAMED: "cyan",
-    BROKEN: "bold red",
-    OUT_OF_RANGE: "dim",
-    NOT_APPLICABLE: "dim",
-}
-
-
-def _short(cell: Cell) -> str:
-    if _holds(cell):
-        return "holds"
-    text = _SHORT[cell.state]
-    if cell.would_state in _WOULD_SHORT:
-        text += f" ({_WOULD_SHORT[cell.would_state]})"
-    return text
-
-
-def _holds(cell: Cell) -> bool:
-    """An assert-only patch reads as applied when its invariants hold: say "holds", not "applied"."""
-    return cell.state == APPLIED and all(e.action == "assert" for e in cell.result.patch.edits)
-
-
-def _heading(column: Column) -> str:
-    head = column.label
-    if column.version != column.label.removeprefix("v"):
-        head += f" [{column.version}]"
-    return head + (" (pinned)" if column.pinned else "")
-
-
-def _noteworthy(matrix: Matrix) -> list[tuple[Patch, Column, Cell]]:
-    """Cells whose reason a reader needs: all but a plain "applies" or "holds" (an "applies" with a
-    caveat, such as a package's edits left unchecked, is listed)."""
-    return [
-        (p, c, cell)
-        for p in matrix.patches
-        for c in matrix.columns
-        if not _holds(cell := matrix.cell(p.id, c.label)) and (cell.state != APPLIES or cell.result.detail)
-    ]
-
-
-def _newest_line(matrix: Matrix) -> str:
-    newest = matrix.newest_for_all
-    what = "every image builds" if FULL not in matrix.images else "the full series builds"
-    return f"newest version {what} on: {_heading(newest) if newest else 'none'}"
-
-
-def render(matrix: Matrix) -> list:
-    """Rich renderables: the matrix, the details of every cell that is not a plain "applies", images."""
-    from rich.table import Table
-    from rich.text import Text
-
-    out: list = []
-    table = Table(title=f"patch x vLLM version (pinned {matrix.pinned})", title_justify="left")
-    table.add_column("patch", no_wrap=True)
-    for column in matrix.columns:
-        table.add_column(_heading(column), overflow="fold")
-    for patch in matrix.patches:
-        cells = [matrix.cell(patch.id, c.label) for c in matrix.columns]
-        table.add_row(patch.id, *(Text(_short(cell), style=_STYLE[cell.state]) for cell in cells))
-    out.append(table)
-    details = _noteworthy(matrix)
-    if details:
-        out.append(Text("details", style="bold"))
-        for patch, column, cell in details:
-            out.append(Text(f"{patch.id} @ {column.label}: {cell.summary()}", style=_STYLE[cell.state]))
-            if diagnostics := cell.diagnostics():
-                out.append(Text("  " + diagnostics.replace("\n", "\n  ")))
-    images = Table(title="images: would they build?", title_justify="left")
-    images.add_column("image", no_wrap=True)
-    for column in matrix.columns:
-        images.add_column(_heading(column), overflow="fold")
-    for name in matrix.images:
-        row = []
-        for column in matrix.columns:
-            verdict = matrix.images[name][column.label]
-            text = "builds" if verdict.builds else "; ".join(verdict.blockers)
-            row.append(Text(text, style="green" if verdict.builds else "red"))
-        images.add_row(name, *row)
-    out.append(images)
-    out.append(Text(_newest_line(matrix), style="bold"))
-    out.extend(_findings_text(matrix))
-    return out
-
-
-def _findings_text(matrix: Matrix) -> list:
-    from rich.text import Text
-
-    findings = matrix.findings
-    if not findings:
-        return [Text("no regression against the pinned release", style="green")]
-    return [Text("regressions (exit 1):", style="bold red")] + [
-        Text(f"  {f.patch} @ {f.column}: {f.reason}", style="red") for f in findings
-    ]
-
-
-def to_markdown(matrix: Matrix) -> str:
-    """GitHub-flavoured Markdown, for a job summary or an issue body."""
-    heads = [_heading(c) for c in matrix.columns]
-    lines = [f"## patchkit verify: {len(matrix.patches)} patches x {len(matrix.columns)} vLLM versions", ""]
-    lines += [f"Pinned release: vLLM {matrix.pinned}.", ""]
-    findings = matrix.findings
-    if findings:
-        lines += ["**Regressions (exit 1):**", ""]
-        lines += [f"- `{f.patch}` @ {_md(f.column)}: {_md(f.reason)}" for f in findings]
-    else:
-        lines.append("No regression against the pinned release.")
-    lines += ["", "| patch | " + " | ".join(_md(h) for h in heads) + " |", "|---" * (len(heads) + 1) + "|"]
-    for patch in matrix.patches:
-        cells = [matrix.cell(patch.id, c.label) for c in matrix.columns]
-        row = [f"{_MARK[cell.state]} {_short(cell)}" for cell in cells]
-        lines.append(f"| `{patch.id}` | " + " | ".join(_md(r) for r in row) + " |")
-    lines += ["", "### Images", "", "| image | " + " | ".join(_md(h) for h in heads) + " |"]
-    lines.append("|---" * (len(heads) + 1) + "|")
-    for name in matrix.images:
-        row = []
-        for column in matrix.columns:
-            verdict = matrix.images[name][column.label]
-            row.append("✅ builds" if verdict.builds else "❌ " + "; ".join(verdict.blockers))
-        lines.append(f"| `{name}` | " + " | ".join(_md(r) for r in row) + " |")
-    lines += ["", f"**{_md(_newest_line(matrix))}**", ""]
-    details = _noteworthy(matrix)
-    if details:
-        lines += ["### Details", ""]
-        for patch, column, cell in details:
-            lines.append(f"- `{patch.id}` @ {_md(column.label)}: {_md(cell.summary())}")
-            if diagnostics := cell.diagnostics():
-                fence = "`" * max(3, _longest_run(diagnostics, "`") + 1)
-                lines += ["", "  <details><summary>diagnostic</summary>", "", f"  {fence}text"]
-                lines += ["  " + line for line in diagnostics.splitlines()]
-                lines += [f"  {fence}", "", "  </details>", ""]
-    lines += ["", "Sources: " + "; ".join(f"{_md(c.label)}: {_md(c.source)}" for c in matrix.columns), ""]
-    return "\n".join(lines)
-
-
-def _md(text: str) -> str:
-    """Table-safe inline text: pipes escaped, newlines folded."""
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _longest_run(text: str, char: str) -> int:
-    best = run = 0
-    for c in text:
-        run = run + 1 if c == char else 0
-        best = max(best, run)
-    return best

@@ -14,7 +14,7 @@ from patchkit.cli.schemas import rendered
 
 REPO = Path(__file__).resolve().parents[1]
 FILES = {"patch.schema.json": "patches/*/patch.toml", "series.schema.json": "patches/series.toml",
-         "image.schema.json": "images/*/image.toml"}
+         "image.schema.json": "images/*/image.toml", "variant.schema.json": "images/*/variant.toml"}
 
 
 def test_committed_schemas_are_generated_from_the_schema_classes():

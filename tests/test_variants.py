@@ -10,14 +10,9 @@ from pathlib import Path
 import pytest
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.definitions import (
-    PINNED_KV_BYTES,
-    check_method,
-    find_variant,
-    load_variant,
-    load_variants,
-    resolve_pins,
-)
+from patchkit.variants.definitions import PINNED_KV_BYTES, find_variant, load_variant, load_variants
+from patchkit.variants.pins import resolve_pins
+from patchkit.variants.quant_methods import check_method
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = REPO / "images"
@@ -150,25 +145,62 @@ def _copy(tmp_path: Path, image: str, edit) -> Path:
 @pytest.mark.parametrize(
     ("image", "old", "new", "message"),
     [
-        ("glm53-flash-nvfp4-lab", 'quantization = "modelopt_mixed"', 'quantization = "modelopt"', "needs 'modelopt_mixed'"),
-        ("glm53-flash-nvfp4-redhat", "mtp_speculator = false", "mtp_speculator = true", "mtp_speculator must match"),
-        ("glm53-flash-nvfp4-lab", 'mtp = "quantized"', 'mtp = "absent"', "no MTP weights"),
-        ("glm53-flash-nvfp4-lab", "kv_cache_memory_bytes = 10737418240", "kv_cache_memory_bytes = 1", "pin kv_cache"),
-        ("glm53-flash-nvfp4-lab", '"--enforce-eager",', '"--enforce-eager", "--quantization", "fp8",', "structured field"),
-        ("glm53-flash-nvfp4-lab", '"enable_flashinfer_autotune":false}', '"enable_flashinfer_autotune":false', "not JSON"),
-        ("glm53-flash-nvfp4-lab", "exclude_mtp_from_quant = false", "exclude_mtp_from_quant = true", "applies only"),
-        ("glm53-flash-nvfp4-lab", 'algo = "MXFP8"', 'algo = "MXFP9"', "algo one of"),
-        ("glm53-flash-nvfp4-lab", 'status = "qualified"', 'status = "great"', "status must be"),
-        ("glm53-flash-nvfp4-lab", "boot_timeout_s = 1800", "boot_timeout_s = true", "must be <class 'int'>"),
-        ("glm53-flash-nvfp4-lab", 'image = "glm53-flash-nvfp4-lab"', 'image = "other"', "must equal the directory"),
-        ("glm53-flash-nvfp4-lab", 'pin_source =', 'surprise = 1\npin_source =', "unknown keys \\['surprise'\\]"),
-        ("glm53-flash-nvidia-nvfp4", 'config_sha256 = "e23c', 'config_sha256 = "E23c', "not a lowercase SHA-256"),
+        ("glm53-flash-nvfp4-lab", 'quantization = "modelopt_mixed"', 'quantization = "modelopt"',
+         r"\[vllm\], key 'quantization': 'modelopt' does not load .* needs 'modelopt_mixed'"),
+        ("glm53-flash-nvfp4-lab", 'quant_algo = "MIXED_PRECISION"', 'quant_algo = "INT4_AWQ"',
+         r"\[checkpoint\], key 'quant_algo': ModelOpt quant_algo 'INT4_AWQ' is not one vLLM 0.33 loads"),
+        ("glm53-flash-nvfp4-redhat", "mtp_speculator = false", "mtp_speculator = true",
+         r"\[expect\], key 'mtp_speculator': true while \[serve\] has no speculative"),
+        ("glm53-flash-nvfp4-lab", 'mtp = "quantized"', 'mtp = "absent"',
+         r"\[serve\], key 'speculative': MTP speculation needs MTP weights, and the checkpoint has none"),
+        ("glm53-flash-nvfp4-redhat", 'mtp = "absent"', 'mtp = "bf16"',
+         r"\[serve\]: missing key 'speculative': the checkpoint has MTP weights"),
+        ("glm53-flash-nvfp4-lab", "kv_cache_memory_bytes = 10737418240", "kv_cache_memory_bytes = 1",
+         r"\[serve\], key 'kv_cache_memory_bytes': the GLM-5.3 recipes pin kv_cache_memory_bytes=10737418240, got 1"),
+        ("glm53-flash-nvfp4-lab", '"--enforce-eager",', '"--enforce-eager", "--quantization", "fp8",',
+         r"\[serve\], key 'args': '--quantization' is set by a structured field"),
+        ("glm53-flash-nvfp4-lab", '"enable_flashinfer_autotune":false}', '"enable_flashinfer_autotune":false',
+         r"\[serve\], key 'args': value of --kernel-config is not JSON"),
+        ("glm53-flash-nvfp4-lab", 'HF_HUB_OFFLINE = "1"', "HF_HUB_OFFLINE = 1",
+         r"\[serve.env\], key 'HF_HUB_OFFLINE': expected `str`, got `int`"),
+        ("glm53-flash-nvfp4-lab", "exclude_mtp_from_quant = false", "exclude_mtp_from_quant = true",
+         r"\[checkpoint\], key 'exclude_mtp_from_quant': applies only"),
+        ("glm53-flash-nvfp4-lab", 'algo = "MXFP8"', 'algo = "MXFP9"',
+         r"\[\[expect.quantprobe\]\] #1, key 'algo': invalid enum value 'MXFP9'; expected one of .*'W4A16_NVFP4'"),
+        ("glm53-flash-nvfp4-lab", 'prefix = "model.layers.45.mlp.experts"',
+         'prefix = "language_model.model.layers.3.mlp.experts"',
+         r"\[\[expect.quantprobe\]\] #2, key 'prefix': 'language_model.model.layers.3.mlp.experts' is probed already"),
+        ("glm53-flash-nvfp4-lab", "accept_length = [2.9, 3.5]", "accept_length = [3.5, 2.9]",
+         r"\[expect\], key 'accept_length': must be \[low, high\] with low <= high"),
+        ("glm53-flash-nvfp4-lab", 'status = "qualified"', 'status = "great"',
+         r"key 'status': invalid enum value 'great'; expected one of 'fallback', 'qualified', 'research'"),
+        ("glm53-flash-nvfp4-lab", "boot_timeout_s = 1800", "boot_timeout_s = true",
+         r"\[expect\], key 'boot_timeout_s': expected `int`, got `bool`"),
+        ("glm53-flash-nvfp4-lab", "port = 30000", "port = 0", r"\[serve\], key 'port': expected `int` >= 1"),
+        ("glm53-flash-nvfp4-lab", 'image = "glm53-flash-nvfp4-lab"', 'image = "other"',
+         r"key 'image': 'other' must equal the directory holding the file"),
+        ("glm53-flash-nvfp4-lab", "pin_source =", "surprise = 1\npin_source =", r"\[checkpoint\]: unknown key `surprise`"),
+        ("glm53-flash-nvidia-nvfp4", 'config_sha256 = "e23c', 'config_sha256 = "E23c',
+         r"\[checkpoint\], key 'config_sha256': expected `str` matching regex"),
     ],
 )
 def test_invalid_definitions_are_refused(tmp_path, image, old, new, message):
     path = _copy(tmp_path, image, lambda t: t.replace(old, new, 1))
-    with pytest.raises(PatchkitError, match=message):
+    with pytest.raises(PatchkitError, match=message) as refused:
         load_variant(path)
+    assert str(refused.value).startswith(f"{path}: ")
+
+
+def test_unknown_key_and_wrong_type_name_file_table_and_key(tmp_path):
+    """The schema refuses both while decoding, in the one style every patchkit TOML file has."""
+    path = _copy(tmp_path, "glm53-flash-nvfp4-lab", lambda t: t.replace("[serve.env]", "colour = \"red\"\n\n[serve.env]"))
+    with pytest.raises(PatchkitError) as refused:
+        load_variant(path)
+    assert str(refused.value) == f"{path}: [serve]: unknown key `colour`"
+    path.write_text(path.read_text().replace('colour = "red"\n', "").replace("tensor_parallel_size = 2", 'tensor_parallel_size = "2"'))
+    with pytest.raises(PatchkitError) as refused:
+        load_variant(path)
+    assert str(refused.value) == f"{path}: [serve], key 'tensor_parallel_size': expected `int`, got `str`"
 
 
 def test_duplicate_alias_across_variants_is_refused(tmp_path):

@@ -9,7 +9,10 @@ stay with the subsystem that owns the file.
 
 from __future__ import annotations
 
+import copy
+import datetime
 import re
+import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -58,11 +61,12 @@ def decode(data: bytes, schema: type[T], path: Path | str) -> T:
         return msgspec.toml.decode(data, type=schema)
     except msgspec.ValidationError as exc:
         m = _AT.match(str(exc))
+        at = _name_free_key(data, schema, m.group("path") or "$")
         what = m.group("what")[0].lower() + m.group("what")[1:]
         what = what.replace("object contains unknown field", "unknown key").replace(
             "object missing required field", "missing required key")
-        place = where(m.group("path") or "$", is_table=what.startswith(("unknown key", "missing required key")))
-        choices = _choices(schema, m.group("path") or "$")
+        place = where(at, is_table=what.startswith(("unknown key", "missing required key")))
+        choices = _choices(schema, at)
         if choices:
             what += f"; expected one of {', '.join(map(repr, choices))}"
         raise PatchkitError(f"{path}: {place}: {what}") from None
@@ -70,6 +74,34 @@ def decode(data: bytes, schema: type[T], path: Path | str) -> T:
         raise PatchkitError(f"{path}: malformed TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise PatchkitError(f"{path}: not UTF-8: {exc}") from None
+
+
+def _name_free_key(data: bytes | str, schema: type, path: str) -> str:
+    """msgspec writes a bad value in a table of free keys (`[serve.env]`, `labels`) as `$.env[...]`;
+    name its key by decoding the file again with that table cut down to one entry at a time."""
+    head, found, tail = path.partition("[...]")
+    if not found:
+        return path
+    doc = tomllib.loads(data if isinstance(data, str) else data.decode("utf-8"))  # it parsed once already
+    steps = [m.group(1) or m.group(3) or int(m.group(2)) for m in _STEP.finditer(head)]
+
+    def table_in(d: Any) -> dict:
+        for step in steps:
+            d = d[step]
+        return d
+
+    for key in table_in(doc):
+        trial = copy.deepcopy(doc)
+        table = table_in(trial)
+        for other in [k for k in table if k != key]:
+            del table[other]
+        try:
+            msgspec.convert(trial, schema, str_keys=True,
+                            builtin_types=(datetime.datetime, datetime.date, datetime.time))
+        except msgspec.ValidationError as exc:
+            if f"`{head}[...]" in str(exc):
+                return f"{head}[{key!r}]{tail}"
+    return path
 
 
 def _choices(schema: type, path: str) -> tuple | None:

@@ -14,11 +14,13 @@ from patchkit import CHECKOUT
 from patchkit.images.schema import ImageFile
 from patchkit.patching.schema import PatchFile, SeriesFile
 from patchkit.tomlschema import json_schema
+from patchkit.variants.schema import VariantFile
 
 SCHEMAS = {
     "patch": (PatchFile, "patchkit patch", "patches/<id>/patch.toml: one anchor-asserted patch"),
     "series": (SeriesFile, "patchkit series", "patches/series.toml: the full series in application order"),
     "image": (ImageFile, "patchkit image", "images/<name>/image.toml: how one image is built"),
+    "variant": (VariantFile, "patchkit variant", "images/<name>/variant.toml: the checkpoint variant an image serves"),
 }
 
 
@@ -31,7 +33,7 @@ def rendered() -> dict[str, str]:
 @click.command("schemas")
 @click.option("--write", is_flag=True, help="Rewrite schemas/ of this checkout.")
 def schemas_command(write: bool) -> None:
-    """The JSON Schema of patch.toml, series.toml and image.toml (printed, or written with --write)."""
+    """The JSON Schema of patch.toml, series.toml, image.toml and variant.toml (printed, or --write)."""
     folder = CHECKOUT / "schemas"
     for name, text in rendered().items():
         if write:

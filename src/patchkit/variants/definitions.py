@@ -4,50 +4,78 @@ One `images/<image>/variant.toml` per checkpoint variant, beside the image that 
 states the checkpoint identity (repository, revision, SHA-256 pins of `config.json` and
 `model.safetensors.index.json`), its quantization layout, the vLLM quantization method vLLM 0.33
 resolves that layout to, the serve contract (served name, TP, pinned KV pool, MTP speculation) and the
-boot markers a smoke test expects. `load_variant` validates all of it; nothing is defaulted silently.
+boot markers a smoke test expects. Nothing is defaulted silently.
 
-A pin that is not known (no public record of it could be checked here) is written as an empty string.
-Such a variant is *unpinned*: identity checks refuse it unless the user supplies the pins explicitly
-(`resolve_pins(..., config_sha256=..., index_sha256=...)`, i.e. `--pin-config/--pin-index`).
+Its keys and types are schema.py's (`patchkit schemas` writes them for editors); `load_variant` decodes
+through it, checks the rules between fields here, and returns the frozen `Variant` everything else
+reads. A pin written as "" is not known: the variant is *unpinned* (pins.py says what that refuses).
+
+```toml
+schema = 1
+name = "lab"                               # a slug; `aliases` are more names for it
+aliases = ["nvfp4-spark"]
+title = "one line"
+status = "qualified"                       # qualified | fallback | research
+image = "glm53-flash-nvfp4-lab"            # must equal the folder name
+
+[checkpoint]
+repo = "owner/name"
+revision = "<40 hex>"                      # or "" if not known
+config_sha256 = "<64 hex>"                 # or "" if not known; likewise index_sha256
+index_sha256 = "<64 hex>"
+pin_source = "where the pins come from, or why they are unknown"
+format = "modelopt"                        # modelopt | compressed-tensors
+quant_algo = "MIXED_PRECISION"
+mtp = "quantized"                          # quantized | bf16 | absent
+exclude_mtp_from_quant = false             # true only for flat ModelOpt with a BF16 MTP predictor
+assumptions = "what was assumed, not seen" # optional
+
+[vllm]
+quantization = "modelopt_mixed"            # must be the method vLLM 0.33 routes the layout to
+patches = ["modelopt-mtp-namespace"]       # checkpoint-driven patches the image must carry
+
+[serve]                                    # the KV pool and its dtype are pinned (PINNED_KV_BYTES)
+served_model_name = "glm53"
+tensor_parallel_size = 2
+kv_cache_memory_bytes = 10737418240
+kv_cache_dtype = "fp8_ds_mla"
+host = "0.0.0.0"
+port = 30000
+load_format = "safetensors"                # optional
+speculative = { method = "mtp", num_speculative_tokens = 3 }   # exactly when the checkpoint has MTP
+args = ["--trust-remote-code", ...]        # never a flag a field above sets (MANAGED_FLAGS)
+[serve.env]
+HF_HUB_OFFLINE = "1"
+
+[expect]
+mtp_speculator = true                      # must match whether [serve] has speculative
+boot_timeout_s = 1800
+kv_cache_tokens = 1164369                  # optional, like weights_gib_per_rank
+accept_length = [2.9, 3.5]                 # optional: the measured mean acceptance length band
+[[expect.quantprobe]]                      # one per probed layer; prefixes unique
+layer = "RoutedExperts"                    # RoutedExperts | LinearBase
+prefix = "model.layers.45.mlp.experts"
+algo = "MXFP8"                             # NVFP4 | W4A16_NVFP4 | MXFP8 | FP8 | None
+```
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import re
-import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from patchkit import CHECKOUT
+import msgspec
+
+from patchkit import CHECKOUT, tomlschema
 from patchkit.errors import PatchkitError
+from patchkit.variants.quant_methods import check_method, expected_method
+from patchkit.variants.schema import CheckpointTable, ExpectTable, ServeTable, VariantFile
 
 VARIANT_FILE = "variant.toml"
-
-# Which vLLM 0.33 quantization method owns each checkpoint layout. Read from
-# vllm/model_executor/layers/quantization/modelopt.py (LINEAR_ALGOS and each config's
-# override_quantization_method) and vllm/config/model.py::_verify_quantization: vLLM replaces a
-# user-given --quantization with the method the checkpoint's quant_algo routes to, so naming the wrong
-# one hides the real loader from whoever reads the command line. We refuse the wrong pairing instead.
-MODELOPT_METHODS: dict[str, str] = {
-    "FP8": "modelopt",
-    "FP8_PER_CHANNEL_PER_TOKEN": "modelopt",
-    "FP8_PB_WO": "modelopt",
-    "NVFP4": "modelopt_fp4",
-    "W4A16_NVFP4": "modelopt_fp4",
-    "MXFP8": "modelopt_mxfp8",
-    "MIXED_PRECISION": "modelopt_mixed",
-}
-CHECKPOINT_FORMATS = ("modelopt", "compressed-tensors")
-MTP_STATES = ("quantized", "bf16", "absent")
-STATUSES = ("qualified", "fallback", "research")
-
-# Algorithms a quantprobe row may name. "None" is what vLLM's probe prints when a layer gets no
-# quantized method (left unquantized): right for BF16 weights, the broken-load signature otherwise.
-PROBE_ALGOS = ("NVFP4", "W4A16_NVFP4", "MXFP8", "FP8", "None")
-PROBE_LAYERS = ("RoutedExperts", "LinearBase")
+T = TypeVar("T")
 
 # Flags the structured fields own. Listing one of them again in `args` would give two sources of truth.
 MANAGED_FLAGS = frozenset(
@@ -68,16 +96,13 @@ MANAGED_FLAGS = frozenset(
         "--port",
     }
 )
+# Flags whose value is JSON: a stray shell quote in a recipe would otherwise break the boot late.
+JSON_FLAGS = ("--kernel-config", "--compilation-config", "--additional-config")
 
 # The pinned KV pool and cache layout every GLM-5.3 recipe uses (field records "Measured recipes"/002): 10 GiB pinned,
 # 576-wide fp8 rows for the sparse MLA backend on compute capability 12.x.
 PINNED_KV_BYTES = 10 * 1024**3
 KV_CACHE_DTYPE = "fp8_ds_mla"
-SERVED_NAME = "glm53"
-
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-_REVISION = re.compile(r"[0-9a-f]{40}")
-_SLUG = re.compile(r"[a-z0-9][a-z0-9-]*")
 
 
 @dataclass(frozen=True)
@@ -174,326 +199,91 @@ class Variant:
         return self.checkpoint.pins.complete
 
 
-def expected_method(fmt: str, quant_algo: str) -> str:
-    """The vLLM 0.33 method for a checkpoint layout; PatchkitError for a layout it cannot load."""
-    if fmt == "compressed-tensors":
-        return "compressed-tensors"
-    if fmt == "modelopt":
-        method = MODELOPT_METHODS.get(quant_algo.upper())
-        if method is None:
-            raise PatchkitError(
-                f"ModelOpt quant_algo {quant_algo!r} is not one vLLM 0.33 loads "
-                f"(known: {', '.join(sorted(MODELOPT_METHODS))})"
-            )
-        return method
-    raise PatchkitError(f"checkpoint format {fmt!r} is not one of {', '.join(CHECKPOINT_FORMATS)}")
-
-
-def check_method(fmt: str, quant_algo: str, method: str, where: str) -> None:
-    """Refuse a quantization method that does not match the checkpoint layout, naming the right one."""
-    right = expected_method(fmt, quant_algo)
-    if method != right:
-        detail = ""
-        if method == "modelopt" and right != "modelopt":
-            detail = (
-                " (in vLLM 0.33 `modelopt` is the FP8 config; the day-0 fork's loader names do not carry "
-                "over)"
-            )
-        raise PatchkitError(
-            f"{where}: quantization {method!r} does not load a {fmt} {quant_algo} checkpoint in vLLM 0.33; "
-            f"it needs {right!r}{detail}"
-        )
-
-
-def resolve_pins(
-    variant: Variant, config_sha256: str | None = None, index_sha256: str | None = None
-) -> Pins:
-    """The pins an identity check uses: the variant's, or the user's where the variant has none.
-
-    A user pin that contradicts a pin the variant carries is an error, never a silent override; a pin
-    still unknown after both is an error too (fail closed: an unpinned checkpoint is never trusted).
-    """
-    chosen: dict[str, str] = {}
-    for label, own, given in (
-        ("config.json", variant.checkpoint.pins.config_sha256, config_sha256),
-        ("model.safetensors.index.json", variant.checkpoint.pins.index_sha256, index_sha256),
-    ):
-        if given is not None:
-            given = given.lower()
-            if not _SHA256.fullmatch(given):
-                raise PatchkitError(f"pin for {label} is not a SHA-256 (64 hex digits): {given!r}")
-        if own and given and own != given:
-            raise PatchkitError(
-                f"variant {variant.name} pins {label} sha256 {own}; the pin given ({given}) contradicts it"
-            )
-        value = own or given
-        if value is None:
-            raise PatchkitError(
-                f"variant {variant.name} has no known SHA-256 pin for {label} "
-                f"({variant.checkpoint.pin_source}); identity checks refuse an unpinned checkpoint: "
-                "supply the pins yourself (--pin-config SHA --pin-index SHA) from a source you trust"
-            )
-        chosen[label] = value
-    return Pins(chosen["config.json"], chosen["model.safetensors.index.json"])
-
-
 # ---------------------------------------------------------------- loading
 
 
-class _Table:
-    """Typed access to one TOML table, every error naming the file and the key."""
-
-    def __init__(self, data: dict[str, Any], where: str) -> None:
-        self.data = data
-        self.where = where
-        self.used: set[str] = set()
-
-    def _get(self, key: str, kind: type | tuple[type, ...], required: bool) -> Any:
-        self.used.add(key)
-        if key not in self.data:
-            if required:
-                raise PatchkitError(f"{self.where}: missing key {key!r}")
-            return None
-        value = self.data[key]
-        # bool is an int subclass; a TOML `true` must not pass as a number
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise PatchkitError(f"{self.where}: {key!r} must be {kind}, got {type(value).__name__}")
-        return value
-
-    def str(self, key: str, required: bool = True) -> Any:
-        return self._get(key, str, required)
-
-    def int(self, key: str, required: bool = True) -> Any:
-        return self._get(key, int, required)
-
-    def bool(self, key: str, required: bool = True) -> Any:
-        return self._get(key, bool, required)
-
-    def float(self, key: str, required: bool = True) -> Any:
-        value = self._get(key, (int, float), required)
-        return None if value is None else float(value)
-
-    def strings(self, key: str, required: bool = True) -> tuple[str, ...] | None:
-        value = self._get(key, list, required)
-        if value is None:
-            return None
-        if not all(isinstance(v, str) for v in value):
-            raise PatchkitError(f"{self.where}: {key!r} must be a list of strings")
-        return tuple(value)
-
-    def table(self, key: str, required: bool = True) -> _Table | None:
-        value = self._get(key, dict, required)
-        return None if value is None else _Table(value, f"{self.where} [{key}]")
-
-    def done(self) -> None:
-        unknown = sorted(set(self.data) - self.used)
-        if unknown:
-            raise PatchkitError(f"{self.where}: unknown keys {unknown}")
+def load_variant(path: Path) -> Variant:
+    """Parse and validate one variant.toml; every problem is a PatchkitError naming file, table and key."""
+    doc = tomlschema.load(path, VariantFile)
+    if path.parent.name != doc.image:
+        raise PatchkitError(f"{path}: key 'image': {doc.image!r} must equal the directory holding the file "
+                            f"({path.parent.name!r})")
+    checkpoint = _checkpoint(doc.checkpoint, f"{path}: [checkpoint]")
+    check_method(checkpoint.format, checkpoint.quant_algo, doc.vllm.quantization, f"{path}: [vllm], key 'quantization'")
+    serve = _serve(doc.serve, checkpoint.mtp, f"{path}: [serve]")
+    expect = _expect(doc.expect, path)
+    if expect.mtp_speculator != (serve.speculative is not None):
+        raise PatchkitError(
+            f"{path}: [expect], key 'mtp_speculator': {str(expect.mtp_speculator).lower()} while [serve] "
+            f"{'sets' if serve.speculative else 'has no'} speculative; the two must agree"
+        )
+    return _built(Variant, doc, aliases=tuple(doc.aliases), path=path, checkpoint=checkpoint,
+                  quantization=doc.vllm.quantization, patches=tuple(doc.vllm.patches), serve=serve, expect=expect)
 
 
-def _sha_or_none(value: str, where: str) -> str | None:
-    if value == "":
-        return None
-    if not _SHA256.fullmatch(value):
-        raise PatchkitError(f"{where}: not a lowercase SHA-256 (64 hex digits) or \"\": {value!r}")
-    return value
+def _built(cls: type[T], table: msgspec.Struct, **given: Any) -> T:
+    """A runtime `cls` from the same-named keys of its schema table; `given` for the fields shaped otherwise."""
+    names = {f.name for f in fields(cls)}
+    return cls(**{**{k: v for k, v in msgspec.structs.asdict(table).items() if k in names}, **given})
 
 
-def _checkpoint(t: _Table) -> Checkpoint:
-    where = t.where
-    revision = t.str("revision")
-    if revision and not _REVISION.fullmatch(revision):
-        raise PatchkitError(f"{where}: revision must be a 40-hex commit or \"\", got {revision!r}")
-    fmt = t.str("format")
-    mtp = t.str("mtp")
-    if mtp not in MTP_STATES:
-        raise PatchkitError(f"{where}: mtp must be one of {MTP_STATES}, got {mtp!r}")
-    ckpt = Checkpoint(
-        repo=t.str("repo"),
-        revision=revision or None,
-        pins=Pins(
-            _sha_or_none(t.str("config_sha256"), f"{where} config_sha256"),
-            _sha_or_none(t.str("index_sha256"), f"{where} index_sha256"),
-        ),
-        pin_source=t.str("pin_source"),
-        format=fmt,
-        quant_algo=t.str("quant_algo"),
-        mtp=mtp,
-        exclude_mtp_from_quant=t.bool("exclude_mtp_from_quant"),
-        assumptions=t.str("assumptions", required=False) or "",
-    )
-    t.done()
-    if "/" not in ckpt.repo:
-        raise PatchkitError(f"{where}: repo must be owner/name, got {ckpt.repo!r}")
+def _checkpoint(table: CheckpointTable, at: str) -> Checkpoint:
+    try:
+        expected_method(table.format, table.quant_algo)
+    except PatchkitError as exc:
+        raise PatchkitError(f"{at}, key 'quant_algo': {exc}") from None
     # The exclusion exists for one layout: a flat ModelOpt config whose BF16 predictor is not in
     # `ignore`. MIXED_PRECISION leaves unlisted layers unquantized already.
-    if ckpt.exclude_mtp_from_quant and (
-        ckpt.mtp != "bf16" or fmt != "modelopt" or ckpt.quant_algo.upper() == "MIXED_PRECISION"
+    if table.exclude_mtp_from_quant and (
+        table.mtp != "bf16" or table.format != "modelopt" or table.quant_algo.upper() == "MIXED_PRECISION"
     ):
         raise PatchkitError(
-            f"{where}: exclude_mtp_from_quant applies only to a flat ModelOpt checkpoint with a BF16 "
-            f"MTP predictor (mtp={ckpt.mtp!r}, format={fmt!r}, quant_algo={ckpt.quant_algo!r})"
+            f"{at}, key 'exclude_mtp_from_quant': applies only to a flat ModelOpt checkpoint with a BF16 "
+            f"MTP predictor (mtp={table.mtp!r}, format={table.format!r}, quant_algo={table.quant_algo!r})"
         )
-    return ckpt
+    return _built(Checkpoint, table, revision=table.revision or None,
+                  pins=Pins(table.config_sha256 or None, table.index_sha256 or None))
 
 
-def _serve(t: _Table, mtp: str) -> Serve:
-    where = t.where
-    spec_t = t.table("speculative", required=False)
-    speculative = None
-    if spec_t is not None:
-        speculative = Speculative(spec_t.str("method"), spec_t.int("num_speculative_tokens"))
-        spec_t.done()
-        if speculative.method != "mtp" or not 1 <= speculative.num_speculative_tokens <= 8:
-            raise PatchkitError(f"{where}: speculative must be method \"mtp\" with 1..8 tokens")
+def _serve(table: ServeTable, mtp: str, at: str) -> Serve:
     # MTP speculation needs predictor weights; a checkpoint without them boots but never drafts.
-    if speculative is not None and mtp == "absent":
-        raise PatchkitError(f"{where}: speculative MTP configured but the checkpoint has no MTP weights")
-    if speculative is None and mtp != "absent":
-        raise PatchkitError(f"{where}: the checkpoint has MTP weights (mtp={mtp!r}) but no speculative config")
-    args = t.strings("args")
-    assert args is not None
-    for arg in args:
+    if table.speculative is not None and mtp == "absent":
+        raise PatchkitError(f"{at}, key 'speculative': MTP speculation needs MTP weights, and the checkpoint "
+                            "has none ([checkpoint] mtp = \"absent\")")
+    if table.speculative is None and mtp != "absent":
+        raise PatchkitError(f"{at}: missing key 'speculative': the checkpoint has MTP weights ([checkpoint] "
+                            f"mtp = {mtp!r}); speculative = {{ method = \"mtp\", num_speculative_tokens = N }} uses them")
+    for arg in table.args:
         if arg.split("=", 1)[0] in MANAGED_FLAGS:
-            raise PatchkitError(f"{where}: {arg!r} is set by a structured field, not in args")
-    _check_json_args(args, where)
-    env_t = t.table("env")
-    assert env_t is not None
-    for key, value in env_t.data.items():
-        if not isinstance(value, str):
-            raise PatchkitError(f"{where} [env]: {key} must be a string")
-    env = dict(env_t.data)
-    load_format = t.str("load_format", required=False)
-    serve = Serve(
-        served_model_name=t.str("served_model_name"),
-        tensor_parallel_size=t.int("tensor_parallel_size"),
-        kv_cache_memory_bytes=t.int("kv_cache_memory_bytes"),
-        kv_cache_dtype=t.str("kv_cache_dtype"),
-        host=t.str("host"),
-        port=t.int("port"),
-        load_format=load_format,
-        speculative=speculative,
-        args=args,
-        env=env,
-    )
-    t.done()
-    if serve.tensor_parallel_size < 1 or not 0 < serve.port < 65536:
-        raise PatchkitError(f"{where}: tensor_parallel_size must be >= 1 and port 1..65535")
-    if serve.kv_cache_memory_bytes != PINNED_KV_BYTES or serve.kv_cache_dtype != KV_CACHE_DTYPE:
-        # Field records "Measured recipes": GMU sizing has no headroom at ~93 GiB of weights; the pool is pinned to the digit.
-        raise PatchkitError(
-            f"{where}: the GLM-5.3 recipes pin kv_cache_memory_bytes={PINNED_KV_BYTES} and "
-            f"kv_cache_dtype={KV_CACHE_DTYPE!r}"
-        )
-    return serve
-
-
-def _check_json_args(args: tuple[str, ...], where: str) -> None:
-    """Values of JSON-taking flags must parse: a stray shell quote in a recipe breaks the boot late."""
-    for flag, value in itertools.pairwise(args):
-        if flag in ("--kernel-config", "--compilation-config", "--additional-config"):
+            raise PatchkitError(f"{at}, key 'args': {arg!r} is set by a structured field, not in args")
+    for flag, value in itertools.pairwise(table.args):
+        if flag in JSON_FLAGS:
             try:
                 json.loads(value)
             except json.JSONDecodeError as exc:
-                raise PatchkitError(f"{where}: value of {flag} is not JSON ({exc}): {value!r}") from None
+                raise PatchkitError(f"{at}, key 'args': value of {flag} is not JSON ({exc}): {value!r}") from None
+    # Field records "Measured recipes": GMU sizing has no headroom at ~93 GiB of weights; the pool is pinned to the digit.
+    for key, value, pinned in (("kv_cache_memory_bytes", table.kv_cache_memory_bytes, PINNED_KV_BYTES),
+                               ("kv_cache_dtype", table.kv_cache_dtype, KV_CACHE_DTYPE)):
+        if value != pinned:
+            raise PatchkitError(f"{at}, key {key!r}: the GLM-5.3 recipes pin {key}={pinned!r}, got {value!r}")
+    spec = table.speculative
+    return _built(Serve, table, speculative=spec and Speculative(spec.method, spec.num_speculative_tokens),
+                  args=tuple(table.args), env=dict(table.env))
 
 
-def _accept_length(t: _Table) -> tuple[float, float] | None:
-    band = t._get("accept_length", list, False)
-    if band is None:
-        return None
-    if len(band) != 2 or not all(isinstance(x, (int, float)) for x in band) or not 1 <= band[0] <= band[1]:
-        raise PatchkitError(f"{t.where}: accept_length must be [low, high] with 1 <= low <= high: {band!r}")
-    return float(band[0]), float(band[1])
-
-
-def _expect(t: _Table) -> Expect:
-    rows = []
-    raw = t._get("quantprobe", list, True)
-    for i, item in enumerate(raw):
-        if not isinstance(item, dict):
-            raise PatchkitError(f"{t.where}: quantprobe[{i}] must be a table")
-        r = _Table(item, f"{t.where} quantprobe[{i}]")
-        row = ProbeRow(r.str("layer"), r.str("prefix"), r.str("algo"))
-        r.done()
-        if row.layer not in PROBE_LAYERS or row.algo not in PROBE_ALGOS:
-            raise PatchkitError(
-                f"{r.where}: layer must be one of {PROBE_LAYERS} and algo one of {PROBE_ALGOS}: {row}"
-            )
-        rows.append(row)
-    prefixes = [r.prefix for r in rows]
-    if len(set(prefixes)) != len(prefixes):
-        raise PatchkitError(f"{t.where}: duplicate quantprobe prefixes")
-    expect = Expect(
-        quantprobe=tuple(rows),
-        kv_cache_tokens=t.int("kv_cache_tokens", required=False),
-        weights_gib_per_rank=t.float("weights_gib_per_rank", required=False),
-        mtp_speculator=t.bool("mtp_speculator"),
-        boot_timeout_s=t.int("boot_timeout_s"),
-        accept_length=_accept_length(t),
-    )
-    t.done()
-    if expect.boot_timeout_s <= 0:
-        raise PatchkitError(f"{t.where}: boot_timeout_s must be positive")
-    return expect
-
-
-def load_variant(path: Path) -> Variant:
-    """Parse and validate one variant.toml; every problem is a PatchkitError naming file and key."""
-    where = str(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PatchkitError(f"{where}: no such variant file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PatchkitError(f"{where}: not valid TOML: {exc}") from None
-    top = _Table(data, where)
-    if top.int("schema") != 1:
-        raise PatchkitError(f"{where}: schema must be 1")
-    name = top.str("name")
-    image = top.str("image")
-    for label, value in (("name", name), ("image", image)):
-        if not _SLUG.fullmatch(value):
-            raise PatchkitError(f"{where}: {label} must be a lowercase slug, got {value!r}")
-    if path.parent.name != image:
-        raise PatchkitError(f"{where}: image {image!r} must equal the directory holding the file")
-    status = top.str("status")
-    if status not in STATUSES:
-        raise PatchkitError(f"{where}: status must be one of {STATUSES}")
-    ckpt_t = top.table("checkpoint")
-    vllm_t = top.table("vllm")
-    serve_t = top.table("serve")
-    expect_t = top.table("expect")
-    assert ckpt_t and vllm_t and serve_t and expect_t
-    checkpoint = _checkpoint(ckpt_t)
-    quantization = vllm_t.str("quantization")
-    patches = vllm_t.strings("patches")
-    vllm_t.done()
-    check_method(checkpoint.format, checkpoint.quant_algo, quantization, f"{where} [vllm]")
-    assert patches is not None
-    for patch in patches:
-        if not _SLUG.fullmatch(patch):
-            raise PatchkitError(f"{where} [vllm]: patch id {patch!r} is not a slug")
-    serve = _serve(serve_t, checkpoint.mtp)
-    expect = _expect(expect_t)
-    if expect.mtp_speculator != (serve.speculative is not None):
-        raise PatchkitError(f"{where} [expect]: mtp_speculator must match whether [serve.speculative] is set")
-    variant = Variant(
-        name=name,
-        aliases=top.strings("aliases") or (),
-        title=top.str("title"),
-        status=status,
-        image=image,
-        path=path,
-        checkpoint=checkpoint,
-        quantization=quantization,
-        patches=patches,
-        serve=serve,
-        expect=expect,
-        notes=top.str("notes", required=False) or "",
-    )
-    top.done()
-    return variant
+def _expect(table: ExpectTable, path: Path) -> Expect:
+    seen: set[str] = set()
+    for i, row in enumerate(table.quantprobe, 1):
+        if row.prefix in seen:
+            raise PatchkitError(f"{path}: [[expect.quantprobe]] #{i}, key 'prefix': {row.prefix!r} is probed already")
+        seen.add(row.prefix)
+    band = table.accept_length
+    if band is not None and band[0] > band[1]:
+        raise PatchkitError(f"{path}: [expect], key 'accept_length': must be [low, high] with low <= high, "
+                            f"got {list(band)}")
+    return _built(Expect, table, quantprobe=tuple(ProbeRow(row.layer, row.prefix, row.algo) for row in table.quantprobe),
+                  accept_length=band and (float(band[0]), float(band[1])))
 
 
 def default_images_dir() -> Path:

@@ -29,8 +29,9 @@ from patchkit.variants.checkpoint import (
     sha256_bytes,
     verify_identity,
 )
-from patchkit.variants.definitions import Variant, load_variants, resolve_pins
+from patchkit.variants.definitions import Variant, load_variants
 from patchkit.variants.mtp_ignore import extended_quantization_config
+from patchkit.variants.pins import resolve_pins
 from patchkit.variants.quant_config import CompressedTensors, ct_algo, read_declared
 from patchkit.variants.spelling import spelling_of, weight_map_names
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from patchkit.errors import PatchkitError
 from patchkit.variants.checkpoint import VerifiedCheckpoint, verify_identity
-from patchkit.variants.definitions import Variant, resolve_pins
+from patchkit.variants.definitions import Variant
 from patchkit.variants.mtp_ignore import hf_overrides
+from patchkit.variants.pins import resolve_pins
 from patchkit.variants.quant_config import read_declared
 
 

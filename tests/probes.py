@@ -47,6 +47,20 @@ def glm_layout(vllm_package: Path) -> GlmLayout:
     raise AssertionError(f"{vllm_package}: no GLM-5.3 model code in either known layout (0.30 nvidia/, 0.31 common/)")
 
 
+# Before 0.33.0, SiluAndMul binds the CPU build's `_C.silu_and_mul` when it is constructed on a CPU
+# platform; the wheel installed here is the CUDA build, with no CPU op library. A probe that builds a
+# model with a dense MLP starts with this: the op gets vLLM's own forward_native as its body (building
+# and loading a model never runs it).
+CPU_SILU_AND_MUL = """
+import torch
+from vllm.model_executor.layers.activation import SiluAndMul
+if not hasattr(torch.ops._C, "silu_and_mul"):
+    _silu_lib = torch.library.Library("_C", "DEF")
+    _silu_lib.define("silu_and_mul(Tensor(a!) out, Tensor input) -> ()")
+    _silu_lib.impl("silu_and_mul", lambda out, x: out.copy_(SiluAndMul.forward_native(x)), "CPU")
+"""
+
+
 def probe_fixtures(code, env: dict[str, str] | None = None):
     """Module-scoped `stock` and `patched` fixtures: `code` run once in each tree, its JSON result.
 

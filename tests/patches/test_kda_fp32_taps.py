@@ -14,14 +14,14 @@ that built the patched tree must carry the patch and its invariants must hold on
 from __future__ import annotations
 
 import pytest
-from probes import guard_in_series, plan_on_drifted_upstream
+from probes import CPU_SILU_AND_MUL, guard_in_series, plan_on_drifted_upstream
 
 pytestmark = pytest.mark.vllm
 
 PATCH_ID = "kda-fp32-taps"
 ENV = {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
 
-PROBE = r'''
+PROBE = CPU_SILU_AND_MUL + r'''
 import json, os, tempfile
 
 import torch
@@ -43,15 +43,7 @@ with open(os.path.join(ckpt, "config.json"), "w") as f:
     }, f)
 
 from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config
-from vllm.model_executor.layers.activation import SiluAndMul
 
-# Before 0.33.0, SiluAndMul binds the CPU build's `_C.silu_and_mul` when it is constructed on a CPU
-# platform; the wheel installed here is the CUDA build, with no CPU op library. The op gets its reference
-# body (vLLM's own forward_native); building and loading the model never runs it.
-if not hasattr(torch.ops._C, "silu_and_mul"):
-    silu_lib = torch.library.Library("_C", "DEF")
-    silu_lib.define("silu_and_mul(Tensor(a!) out, Tensor input) -> ()")
-    silu_lib.impl("silu_and_mul", lambda out, x: out.copy_(SiluAndMul.forward_native(x)), "CPU")
 from vllm.distributed import init_distributed_environment, initialize_model_parallel
 from vllm.model_executor.model_loader.utils import initialize_model
 

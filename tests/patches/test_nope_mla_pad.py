@@ -17,14 +17,14 @@ and its own scale, in the latent (MQA) form the SM120 decode kernel evaluates.
 from __future__ import annotations
 
 import pytest
-from probes import probe_fixtures
+from probes import CPU_SILU_AND_MUL, probe_fixtures
 
 pytestmark = pytest.mark.vllm
 
 H, NOPE = 4, 256
 ENV = {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
 
-PROBE = r'''
+PROBE = CPU_SILU_AND_MUL + r'''
 import json, os, tempfile
 from dataclasses import replace
 
@@ -45,7 +45,9 @@ ckpt = tempfile.mkdtemp()
 with open(os.path.join(ckpt, "config.json"), "w") as f:
     json.dump({"architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next",
                "text_config": text, "vision_config": {"depth": 1, "hidden_size": 32, "num_heads": 2,
-               "out_hidden_size": HIDDEN, "intermediate_size": 64}}, f)
+               "out_hidden_size": HIDDEN, "intermediate_size": 64,
+               # 0.30's nvidia/multimodal.py asserts the vision tower has one (here or in text_config)
+               "swiglu_limit": 7.0}}, f)
 
 import vllm.platforms.cpu as cpu_platform
 import vllm.utils.flashinfer as vllm_flashinfer
@@ -450,7 +452,7 @@ def test_flashinfer_06_fit_drops_entries_only_on_long_rows_with_a_tail():
     """Which entries the fit drops, measured on vLLM's own tables over uniform decode lengths: a row
     has valid entries past column 2048 whenever seq_len % 4 != 0 (3 in 4 rows); it loses entries only
     when its history is full too (seq_len >= 2048): then seq_len % 4 of its 2048 history entries
-    (<= 0.15%), never a tail token. The numbers are in the patch's why."""
+    (<= 0.15%), never a tail token. The numbers are in the patch's evidence."""
     import torch
 
     fit = _flashinfer_module(_flashinfer_06_texts()[1])["_patchkit_fit_topk_width"]

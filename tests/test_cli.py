@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tarfile
 
 import pytest
-from builders import snapshot, write_package, write_patchset
+from builders import image_toml, snapshot, write_package, write_patchset
 from test_engine import MODEL
 
 REPO_PATCHES = __import__("pathlib").Path(__file__).resolve().parents[1] / "patches"
 
 
-def cli(*args, cwd=None):
+def cli(*args, cwd=None, env=None):
     return subprocess.run([sys.executable, "-m", "patchkit", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd)
+                          cwd=cwd, env=None if env is None else {**os.environ, **env})
 
 
 @pytest.fixture
@@ -130,6 +131,31 @@ def test_round_trip_on_the_real_vllm_0_33_0_sdist(tmp_path):
     r = cli("revert", "--target", root)
     assert r.returncode == 0, r.stderr
     assert snapshot(root / "vllm") == before
+
+
+def test_mirrors_prints_one_source_mirror_line_per_distinct_base(tmp_path):
+    """`patchkit mirrors PREFIX [IMAGE]`, what publish.yml copies the bases with and builds on."""
+    for name, digest in (("a", "0" * 64), ("b", "0" * 64), ("c", "1" * 64)):  # a and b share their base
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "image.toml").write_text(image_toml(name, digest=digest))
+    env = {"PATCHKIT_IMAGES": str(tmp_path), "PATCHKIT_PATCHES": str(REPO_PATCHES)}
+    line = "example.org/base@sha256:{0} ghcr.io/owner/base@sha256:{0}"  # the tag dropped, the digest kept
+    r = cli("mirrors", "ghcr.io/owner", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [line.format("0" * 64), line.format("1" * 64)]
+    r = cli("mirrors", "ghcr.io/owner", "c", env=env)
+    assert r.returncode == 0 and r.stdout.splitlines() == [line.format("1" * 64)], r.stderr
+    r = cli("mirrors", "ghcr.io/owner", "no-such-image", env=env)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert "unknown image 'no-such-image'; the images are: a, b, c" in r.stderr
+
+
+def test_mirrors_of_the_real_images():
+    r = cli("mirrors", "ghcr.io/owner", "glm53-flash-nvfp4-4p67")
+    source, mirror = r.stdout.split()
+    assert r.returncode == 0 and source.startswith("vllm/vllm-openai@sha256:"), r.stdout + r.stderr
+    assert mirror == "ghcr.io/owner/vllm-openai@" + source.split("@")[1]
+    assert source in cli("mirrors", "ghcr.io/owner").stdout
 
 
 def test_serve_args_is_incomplete_without_a_verified_checkpoint():

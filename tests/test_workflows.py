@@ -26,6 +26,7 @@ from pathlib import Path
 import click
 import pytest
 
+from patchkit.cli.build import mirrors_cmd
 from patchkit.cli.verify import verify_command
 from patchkit.sources.cache import default_cache_root
 
@@ -160,3 +161,14 @@ def test_the_verify_commands_in_the_workflow_are_valid_invocations():
         assert context.params["markdown"] is True
     with pytest.raises(click.UsageError):
         verify_command.make_context("verify", ["--no-such-flag"])
+
+
+def test_the_mirrors_commands_in_the_publish_workflow_are_valid_invocations():
+    """publish.yml names the bases with `patchkit mirrors PREFIX [IMAGE]` (no hidden `python -m` module)."""
+    text = (WORKFLOWS / "publish.yml").read_text()
+    assert "python -m patchkit" not in text
+    invocations = re.findall(r"patchkit mirrors ([^|]*)\|", text)
+    assert len(invocations) == 2, invocations
+    params = [mirrors_cmd.make_context("mirrors", shlex.split(line)).params for line in invocations]
+    prefix = "ghcr.io/${OWNER,,}"
+    assert [(p["prefix"], p["image"]) for p in params] == [(prefix, None), (prefix, "$IMAGE")]

@@ -73,6 +73,8 @@ class BuildResult:
             "pushed": self.pushed,
             "engine_image": self.engine_image,
             **({"transferred_bytes": self.built.transferred} if isinstance(self.built, Loaded) else {}),
+            # What the build could not check (e.g. a base without FlashInfer: the pad's FlashInfer asserts).
+            "notes": {r.patch.id: r.detail for r in prepared.plan.results if r.detail},
         }
 
 

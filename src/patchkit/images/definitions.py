@@ -280,8 +280,11 @@ def mirrors(images: dict[str, Image], prefix: str, name: str | None = None) -> l
     """(source, mirror) for each distinct base (or the one of image `name`): the source as pinned with
     the tag dropped (skopeo refuses tag+digest), the mirror the same digest under `prefix` (e.g.
     ghcr.io/owner), so a digest-preserving copy keeps what the image file pins. CI copies each base
-    once into its own registry, and every image build then mounts the base layers from there."""
-    chosen = [images[name]] if name else list(images.values())
+    once into its own registry (`patchkit mirrors PREFIX [IMAGE]`), and every image build then mounts
+    the base layers from there."""
+    if name is not None and name not in images:
+        raise PatchkitError(f"unknown image {name!r}; the images are: {', '.join(sorted(images))}")
+    chosen = [images[name]] if name is not None else list(images.values())
     out = []
     for base in sorted({i.base for i in chosen}):
         ref, digest = base.split("@")
@@ -289,12 +292,3 @@ def mirrors(images: dict[str, Image], prefix: str, name: str | None = None) -> l
         out.append((f"{repo}@{digest}", f"{prefix}/{repo.rsplit('/', 1)[-1]}@{digest}"))
     return out
 
-
-if __name__ == "__main__":  # python -m patchkit.images.definitions PREFIX [IMAGE]: "SOURCE MIRROR" lines, for CI
-    import sys
-
-    from patchkit.patching.patchset import load_patchset
-
-    _images = load_images(Path("images"), load_patchset(Path("patches")))
-    for _pair in mirrors(_images, sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None):
-        print(*_pair)

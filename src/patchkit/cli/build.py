@@ -1,0 +1,89 @@
+"""The image commands: `build` (an image: its base plus one layer of patched files) and `mirrors` (where CI
+copies each pinned base). cli/main.py registers them (COMMANDS)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from patchkit.cli.common import console, default_dir, err_console, json_option, patches_option
+
+
+@click.command("build")
+@click.argument("image")
+@click.option("--base", help="Base to build on instead of the image's pinned one: a registry reference or an OCI layout path.")
+@click.option("--push", multiple=True, metavar="REF", help="Push to this repository (computed tag) or tag. Repeatable.")
+@click.option("--output", type=click.Path(path_type=Path), help="OCI image layout directory (default build/oci/IMAGE).")
+@click.option("--dry-run", is_flag=True, help="Print what would change and the digest; write nothing.")
+@click.option("--engine", is_flag=True, help="Build through a Docker-API engine (Docker, podman) instead.")
+@click.option("--load", is_flag=True, help="Build into the local Docker/podman engine; when the base is already "
+              "there only the patched files move (else as --engine).")
+@click.option("--engine-url", help="Docker-API endpoint, e.g. unix:///run/podman/podman.sock.")
+@click.option("--result-json", type=click.Path(path_type=Path), help="Write the build summary (digest, tags) here.")
+@click.option("--revision", help="Source revision for the OCI annotations (default: git HEAD).")
+@click.option("--source-url", help="Source URL for the OCI annotations.")
+@patches_option
+@json_option
+def build_cmd(image, base, push, output, dry_run, engine, load, engine_url, result_json, revision, source_url, patches_dir,
+              as_json):
+    """Build IMAGE: the base plus one layer of patched files, linux/arm64, reproducible, no daemon."""
+    from patchkit.images.build import build
+
+    result = build(
+        image, base=base, push=push, output=output, dry_run=dry_run, engine=engine, load=load, engine_url=engine_url,
+        images_dir=default_dir("images", "PATCHKIT_IMAGES"),
+        patches_dir=patches_dir or default_dir("patches", "PATCHKIT_PATCHES"),
+        revision=revision, source_url=source_url, console=err_console,
+    )
+    summary = result.summary()
+    for patch_id, note in summary["notes"].items():
+        err_console.print(f"[yellow]{patch_id}: {note}[/]")
+    if result_json:
+        result_json.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        console.print(_build_table(summary))
+
+
+def _build_table(summary: dict):
+    from rich.table import Table
+
+    table = Table(title=f"{summary['image']} (linux/arm64)", title_justify="left", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key in ("route", "digest", "tag", "base", "output", "engine_image", "transferred_bytes"):
+        if summary.get(key):
+            table.add_row(key, str(summary[key]))
+    table.add_row("series", ", ".join(summary["series"]))
+    if summary.get("skipped"):
+        table.add_row("upstreamed (left out)", ", ".join(summary["skipped"]))
+    table.add_row("patched files", "\n".join(summary["files"]))
+    for ref in summary.get("pushed", []):
+        table.add_row("pushed", ref)
+    return table
+
+
+@click.command("mirrors")
+@click.argument("prefix")
+@click.argument("image", required=False)
+@patches_option
+def mirrors_cmd(prefix, image, patches_dir):
+    """One "SOURCE MIRROR" line per distinct pinned base, of IMAGE or of every image.
+
+    SOURCE is the base as its image.toml pins it, without the tag (skopeo refuses tag and digest
+    together); MIRROR is the same digest under PREFIX (e.g. ghcr.io/owner). CI copies each base there
+    once (skopeo copy --preserve-digests) and builds every image on its copy. An unknown IMAGE: exit 2.
+    """
+    from patchkit.images.definitions import load_images, mirrors
+    from patchkit.patching.patchset import load_patchset
+
+    patchset = load_patchset(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"))
+    images = load_images(default_dir("images", "PATCHKIT_IMAGES"), patchset)
+    for source, mirror in mirrors(images, prefix, image):
+        click.echo(f"{source} {mirror}")
+
+
+COMMANDS = (build_cmd, mirrors_cmd)

@@ -1,0 +1,152 @@
+"""The checkpoint-variant commands: `preflight` (will this checkpoint load?), `serve-args` (the vLLM
+command line for a variant) and `smoke` (prove a variant loads, on CPU or on real hosts). cli/main.py
+registers them (COMMANDS); `doctor` (a recorded boot log judged offline) is in cli/doctor.py.
+
+Exit codes: 0 the checkpoint/command/smoke is good; 1 it is not (or is incomplete); 2 bad input or usage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from patchkit.cli.common import console, default_dir, err_console, json_option, load_series
+from patchkit.errors import PatchkitError
+
+pin_options = [
+    click.option("--pin-config", metavar="SHA256", help="config.json pin for a variant without a known one."),
+    click.option("--pin-index", metavar="SHA256", help="model.safetensors.index.json pin, likewise."),
+]
+
+
+def with_pins(f):
+    for option in reversed(pin_options):
+        f = option(f)
+    return f
+
+
+@click.command()
+@click.argument("path", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--variant", help="Variant to check against (default: recognised by its pinned hashes).")
+@click.option("--tp", type=int, help="Tensor-parallel size for the per-rank memory estimate (default: the recipe's).")
+@with_pins
+@json_option
+def preflight(path, variant, tp, pin_config, pin_index, as_json):
+    """Will this checkpoint load? Identity pins first, then safetensors headers only (no tensor data)."""
+    from patchkit.cli.doctor import image_series
+    from patchkit.variants.definitions import find_variant
+    from patchkit.variants.preflight import preflight as run
+
+    images = default_dir("images", "PATCHKIT_IMAGES")
+    report_ = run(path, variant=find_variant(variant, images) if variant else None, tp=tp,
+                  pin_config=pin_config, pin_index=pin_index, images_dir=images, series_of=image_series)
+    if as_json:
+        click.echo(report_.to_json())
+    else:
+        console.print(report_)
+    sys.exit(0 if report_.ok else 1)
+
+
+@click.command("serve-args")
+@click.argument("variant")
+@click.option("--checkpoint", type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="Local checkpoint: verified, then used to derive overrides such as the MTP ignore list.")
+@click.option("--model", help="Model reference to serve (default: the variant's repo).")
+@with_pins
+@json_option
+def serve_args_cmd(variant, checkpoint, model, pin_config, pin_index, as_json):
+    """The vLLM command line (and environment) for VARIANT; overrides only from a verified checkpoint."""
+    from patchkit.variants.definitions import find_variant
+    from patchkit.variants.serve import serve_args
+
+    command = serve_args(find_variant(variant, default_dir("images", "PATCHKIT_IMAGES")), checkpoint,
+                         pin_config, pin_index, model)
+    click.echo(command.to_json() if as_json else command.shell())
+    if not command.complete:
+        err_console.print(f"[yellow]incomplete: {'; '.join(command.pending)}[/]")
+    sys.exit(0 if command.complete else 1)
+
+
+@click.command()
+@click.argument("variants", nargs=-1, required=True)
+@click.option("--cpu", is_flag=True, help="CPU quantprobe smoke: tiny real-format checkpoints through stock and patched vLLM.")
+@click.option("--host", "hosts", multiple=True, help="Docker-API host per node (ssh://user@spark1); head first.")
+@click.option("--image", help="Image reference to boot (hardware smoke).")
+@click.option("--checkpoint", type=click.Path(path_type=Path, file_okay=False), help="Checkpoint dir to verify and serve.")
+@click.option("--hf-cache", default="~/.cache/huggingface", show_default=True, help="HF cache on the hosts.")
+@click.option("--url", help="OpenAI endpoint to probe (default: http://HEAD:PORT).")
+@click.option("--receipt", type=click.Path(path_type=Path), help="Write the JSON receipt here.")
+@click.option("--keep", is_flag=True, help="Leave the containers running after the smoke.")
+@click.option("--master-addr", help="Head address for the other nodes (default: the head host's name).")
+@click.option("--vllm-python", help="Interpreter whose vLLM the CPU smoke uses (default: this one).")
+@click.option("--workdir", type=click.Path(path_type=Path, file_okay=False), help="Where CPU smoke checkpoints go.")
+@click.option("--series", default=None, help="Series applied for the patched CPU run (default: each variant's image).")
+@with_pins
+@json_option
+def smoke(variants, cpu, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr, vllm_python, workdir,
+          series, pin_config, pin_index, as_json):
+    """Prove a variant loads: --cpu here (stock vs patched vLLM), or on real hosts with --host."""
+    from patchkit.variants.definitions import find_variant
+
+    images = default_dir("images", "PATCHKIT_IMAGES")
+    chosen = [find_variant(v, images) for v in variants]
+    if cpu == bool(hosts):
+        raise PatchkitError("give either --cpu or at least one --host")
+    if cpu:
+        ok = _smoke_cpu(chosen, vllm_python, workdir, series, as_json)
+    else:
+        ok = _smoke_hosts(chosen, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr,
+                          pin_config, pin_index, as_json)
+    sys.exit(0 if ok else 1)
+
+
+def _smoke_cpu(variants, vllm_python, workdir, series, as_json) -> bool:
+    import tempfile
+
+    from patchkit.patching.copies import installed_package, reuse_or_copy
+    from patchkit.variants.smoke.cpu import smoke_cpu
+
+    python = vllm_python or sys.executable
+    work = Path(workdir or tempfile.mkdtemp(prefix="patchkit-smoke-"))
+    installed = installed_package("vllm", python)
+    patches_dir = default_dir("patches", "PATCHKIT_PATCHES")
+    reports = []
+    for variant in variants:
+        _, patches = load_series(patches_dir, series or variant.image)
+        site = work / f"patched-{variant.name}"
+        reuse_or_copy(installed, site, patches)
+        reports += smoke_cpu([variant], work, python, python, None, "stock")
+        reports += smoke_cpu([variant], work, python, python, site, "patched")
+    if as_json:
+        click.echo(json.dumps([json.loads(r.to_json()) for r in reports], indent=2))
+    else:
+        for r in reports:
+            console.print(r)
+    # The verdict is the patched run's; the stock run is shown for the failures the patches fix.
+    return all(r.ok for r in reports if r.vllm == "patched")
+
+
+def _smoke_hosts(variants, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr, pin_config,
+                 pin_index, as_json) -> bool:
+    from patchkit.cli.doctor import image_carries_quantprobe
+    from patchkit.variants.serve import serve_args
+    from patchkit.variants.smoke.hardware import DockerRunner, run_smoke
+
+    if len(variants) != 1 or not image:
+        raise PatchkitError("a hardware smoke takes one variant and --image")
+    variant = variants[0]
+    command = serve_args(variant, checkpoint, pin_config, pin_index, None)
+    runners = [DockerRunner(h, hf_cache) for h in hosts]
+    head = hosts[0].split("://")[-1].split("@")[-1].split(":")[0]
+    result = run_smoke(variant, command, image, runners, url or f"http://{head}:{variant.serve.port}",
+                       keep=keep, master_addr=master_addr, quantprobe=image_carries_quantprobe(variant.image))
+    if receipt:
+        result.write(receipt)
+    click.echo(result.to_json()) if as_json else console.print(result)
+    return result.ok
+
+
+COMMANDS = (preflight, serve_args_cmd, smoke)

@@ -104,7 +104,7 @@ def tests_releases(session: nox.Session) -> None:
     """The release-sensitive tests on every supported release (the pinned one through `tests`), then the
     What-ran-where check: every release inside a patch's range must have a passing behaviour test."""
     shutil.rmtree(RESULTS, ignore_errors=True)
-    session.notify("tests", posargs=["-q", "-p", "no:cacheprovider", *RELEASE_SENSITIVE])
+    session.notify("tests", posargs=["-q", "-p", "no:cacheprovider", "-n", "auto", "--dist", "loadfile", *RELEASE_SENSITIVE])
     for release in RELEASES[:-1]:
         session.notify(f"release-{release}")
     session.notify("what-ran-where")
@@ -129,13 +129,17 @@ def _env_python(release: str) -> Path:
 def patch_necessity(session: nox.Session) -> None:
     """Each patch's behaviour tests must FAIL with that patch left out of the series (no test that cannot
     fail), on every supported release. Runs in the environments `tests` / `tests-releases` built (not
-    built twice): run one of those first. Records each run for What-ran-where ("fails without it")."""
+    built twice): run one of those first. Records each run for What-ran-where ("fails without it").
+    posargs: releases and/or patch ids to limit the run to, e.g. `-- 0.30.0 nope-mla-pad`."""
     patches = sorted(p.name for p in (ROOT / "patches").iterdir() if (p / "patch.toml").exists())
-    for release in RELEASES:
+    unknown = [a for a in session.posargs if a not in RELEASES and a not in patches]
+    if unknown:
+        session.error(f"not a supported release or a patch id: {', '.join(unknown)}")
+    for release in [r for r in RELEASES if r in session.posargs] or RELEASES:
         python = _env_python(release)
         if not python.exists():
             session.error(f"{python} missing: run `nox -s tests-releases` first")
-        for patch_id in session.posargs or patches:
+        for patch_id in [p for p in patches if p in session.posargs] or patches:
             test = ROOT / "tests" / "patches" / f"test_{patch_id.replace('-', '_')}.py"
             _release_env(session, release, necessity_of=patch_id)
             session.env["PATCHKIT_TEST_EXCLUDE"] = patch_id

@@ -25,6 +25,8 @@ def doctor(*args, stdin: str | None = None):
         ("public/vllm-33297-free-memory.log", "startup-free-memory", 1, "--gpu-memory-utilization"),
         ("4p67-engine-dies.log", "missing-weight-scale", 15, "packed-modules-4p67"),
         ("nvidia-fastsafetensors-oom.log", "nv-err-no-memory", None, "--load-format safetensors"),
+        ("public/vllm-55442-parallel-lm-head-nan.log", "weight-scale-never-loaded", 1, "defer_lm_head"),
+        ("public/sfxnz-nvidia-killed-boot.log", "ended-without-error", 10, "--gpu-memory-utilization"),
     ],
 )
 def test_doctor_names_the_cause_of_each_failure_log(log, cause, line_no, fix):
@@ -58,6 +60,36 @@ def test_doctor_reports_the_acceptance_of_a_real_mtp_log_cut_short():
     data = json.loads(run.stdout)
     assert run.returncode == 0 and data["cause"] is None
     assert data["speculative"]["acceptance_lengths"][-1] == 2.96
+
+
+def test_doctor_on_the_real_day0_dflash_boot():
+    text = (LOGS / "public/sfxnz-nvidia-dflash2-good-boot.log").read_text()
+    alone = doctor(LOGS / "public/sfxnz-nvidia-dflash2-good-boot.log", "--json")
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    data = json.loads(alone.stdout)
+    lengths = [float(x) for x in re.findall(r"SpecDecoding metrics: Mean acceptance length: ([\d.]+)", text)]
+    sums = [sum(int(x) for x in re.findall(rf"{what}: (\d+) tokens", text)) for what in ("Accepted", "Drafted")]
+    assert data["speculative"] == {"method": "dflash", "draft_architecture": "DFlash2DraftModel", "num_spec_tokens": 7,
+                                   "acceptance_lengths": lengths, "acceptance": 1 + 7 * sums[0] / sums[1]}
+    assert (data["markers"]["weights_gib"], data["markers"]["weights_line"], data["markers"]["kv_cache_tokens"]) == (
+        90.36, "weights-day0", 372_877)
+    assert data["markers"]["v2_runner"] and data["phase"] == "serving" and data["cause"] is None
+    # Against nvidia-nvfp4, whose variant serves its own MTP layer: the DFlash drafter is the failure.
+    against = doctor(LOGS / "public/sfxnz-nvidia-dflash2-good-boot.log", "--variant", "nvidia-nvfp4", "--json")
+    assert against.returncode == 1
+    assert [(f["what"], f["detail"]) for f in json.loads(against.stdout)["findings"] if f["level"] == "fail"] == [
+        ("speculative", "dflash (DFlash2DraftModel) attached; the variant expects mtp")]
+
+
+def test_doctor_judges_a_stopped_log_as_not_booted_unless_cut_short():
+    killed = LOGS / "public/sfxnz-nvidia-killed-boot.log"
+    data = json.loads(doctor(killed, "--json").stdout)
+    assert data["phase"] == "profiling" and data["cause"]["what"].startswith("killed from outside during profiling")
+    human = doctor(killed)
+    assert human.returncode == 1
+    assert "cause: ended-without-error: killed from outside during profiling" in " ".join(human.stdout.split())
+    cut = doctor(killed, "--cut-short", "--json")
+    assert cut.returncode == 0 and json.loads(cut.stdout)["cause"] is None
 
 
 def test_doctor_bad_input_exits_2():

@@ -7,7 +7,9 @@ the harness's real code talking real HTTP.
 from __future__ import annotations
 
 import json
+import re
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from patchkit.variants.smoke.hardware import (
     run_smoke,
     wait_healthy,
 )
+from patchkit.variants.smoke.causes import find_causes
 from patchkit.variants.smoke.judge import judge_log
 
 LOGS = Path(__file__).parent / "data" / "boot-logs"
@@ -165,6 +168,119 @@ def test_real_mtp_engine_log_gives_the_acceptance_per_interval():
     assert m.accepted_drafted[-1] == (481, 490)
     assert round(m.overall_acceptance(2), 3) == 2.934 and round(m.overall_acceptance(None), 3) == 2.771
     assert m.spec_method == "unknown"  # the excerpt starts after the banner: the method is not shown
+
+
+DFLASH_BOOT = "public/sfxnz-nvidia-dflash2-good-boot.log"  # a real day-0 boot of the nvidia checkpoint
+KILLED_BOOT = "public/sfxnz-nvidia-killed-boot.log"  # the same recipe's boot killed by its memory watcher
+
+
+def lines_with(name: str, text: str) -> list[str]:
+    return [line for line in log(name).splitlines() if text in line]
+
+
+def test_real_day0_dflash_boot_is_read_from_its_own_lines():
+    m = judged(DFLASH_BOOT, None).markers
+    # The base's wording of the weight line; the values are the ones that line prints.
+    [weights] = lines_with(DFLASH_BOOT, "Model loading took")
+    gib, seconds = re.search(r"took (\S+) GiB and (\S+) seconds", weights).groups()
+    assert (m.weights_gib, m.weights_load_s, m.weights_line) == (float(gib), float(seconds), "weights-day0") == (90.36, 783.17347, "weights-day0")
+    [kv] = lines_with(DFLASH_BOOT, "GPU KV cache size")
+    assert m.kv_cache_tokens == int(re.search(r"size: ([\d,]+) tokens", kv).group(1).replace(",", "")) == 372_877
+    assert m.startup_complete and m.v2_runner and m.engine_version == "0.1.dev20051+g487ecf187" and m.phase == "serving"
+    # The speculator: the banner's SpeculativeConfig, the draft config's architecture, the V2 graph capture.
+    [banner] = lines_with(DFLASH_BOOT, "speculative_config=SpeculativeConfig(")
+    method, tokens = re.search(r"SpeculativeConfig\(method='(\w+)', model='[^']*', num_spec_tokens=(\d+)\)", banner).groups()
+    assert (m.spec_configured, m.spec_tokens) == (method, int(tokens)) == ("dflash", 7)
+    assert m.architectures == ["Glm5NextForConditionalGeneration", "DFlash2DraftModel"] and m.speculator_captured == "DFlash2"
+    assert (m.spec_method, m.draft_architecture) == ("dflash", "DFlash2DraftModel")
+    # Without the banner the draft architecture alone still names the method.
+    assert judge_log(log(DFLASH_BOOT).replace(banner, ""), None).markers.spec_method == "dflash"
+
+
+def test_real_day0_dflash_acceptance_matches_the_logs_metrics_lines():
+    m = judged(DFLASH_BOOT, None).markers
+    printed = [dict(re.findall(r"(Mean acceptance length|Accepted|Drafted): ([\d.]+)", line))
+               for line in lines_with(DFLASH_BOOT, "SpecDecoding metrics:")]
+    assert len(printed) == len(m.acceptance_lengths) == 6
+    assert m.acceptance_lengths == [float(p["Mean acceptance length"]) for p in printed]
+    assert m.accepted_drafted == [(int(p["Accepted"]), int(p["Drafted"])) for p in printed]
+    # Each interval's printed mean is vLLM's 1 + k * accepted / drafted with k = the banner's 7 tokens, so the
+    # weighted mean over all intervals is the same formula over the sums.
+    for length, (accepted, drafted) in zip(m.acceptance_lengths, m.accepted_drafted, strict=True):
+        assert round(1 + m.spec_tokens * accepted / drafted, 2) == length
+    accepted, drafted = (sum(col) for col in zip(*m.accepted_drafted, strict=True))
+    assert m.overall_acceptance(m.spec_tokens) == 1 + 7 * accepted / drafted == 1 + 7 * 827 / 2912
+
+
+def test_real_dflash_boot_passes_alone_and_fails_where_the_variant_expects_mtp():
+    alone = judged(DFLASH_BOOT, None)
+    assert alone.ok and alone.cause is None and fails(alone.findings) == []
+    assert [(f.level, f.detail) for f in alone.findings if f.what in ("speculative", "acceptance")] == [
+        ("ok", "dflash (DFlash2DraftModel) attached, 7 tokens"), ("ok", "mean acceptance length 2.99 over 6 intervals")]
+    variant = find_variant("nvidia-nvfp4", IMAGES)
+    assert variant.serve.speculative.method == "mtp" and variant.expect.mtp_speculator
+    v = judge_log(log(DFLASH_BOOT), variant)
+    # The one failure: a DFlash drafter where the variant serves its own MTP layer. Weights and KV are fine.
+    assert fails(v.findings) == ["speculative: dflash (DFlash2DraftModel) attached; the variant expects mtp"]
+    assert v.cause is None and v.markers.startup_complete
+
+
+def test_real_killed_boot_is_named_killed_from_outside_in_its_phase():
+    text = log(KILLED_BOOT)
+    v = judged(KILLED_BOOT, None)
+    m = v.markers
+    assert (m.weights_gib, m.kv_cache_tokens, m.startup_complete, m.phase) == (90.36, None, False, "profiling")
+    assert v.exceptions == [] and find_causes(text) == []  # no line of the table: the log just stops
+    cause = v.cause
+    assert cause.cause == "ended-without-error" and cause.definitive
+    assert cause.what.startswith("killed from outside during profiling: the log stops in the profiling phase "
+                                 "(weights loaded; no 'GPU KV cache size' line yet) with no error line")
+    last = [line for line in text.splitlines() if line.strip()]
+    assert (cause.line_no, cause.line) == (len(last), last[-1].strip())
+    for hint in ("--gpu-memory-utilization", "--kv-cache-memory-bytes", "close other processes", "MemAvailable floor"):
+        assert hint in cause.fix
+    problems = fails(v.findings)
+    assert problems[0].startswith("engine: ended-without-error: killed from outside during profiling")
+    assert "startup: no 'Application startup complete' in the log" in problems and any(p.startswith("kv cache:") for p in problems)
+    # The watcher's own record agrees: it killed in its PROFILE phase, right after the weight line.
+    watch = log("public/sfxnz-nvidia-killed-boot.watch.log")
+    assert re.search(r"< (\w+) floor", watch).group(1) == "PROFILE" and m.phase == "profiling"
+
+
+def test_a_stopped_log_is_not_a_boot_in_progress_unless_told():
+    text = log(KILLED_BOOT)
+    # Cut short on purpose (captured mid-boot): no startup or end-of-log verdict at all.
+    cut = judge_log(text, None, booted=False)
+    assert cut.ok and cut.cause is None
+    # The live smoke knows the process: still running is a boot not finished, not a kill.
+    running = judge_log(text, None, process="running")
+    assert running.cause.cause == "still-booting" and "still runs" in running.cause.what and not running.ok
+    exited = judge_log(text, None, process="exited")
+    assert exited.cause.cause == "ended-without-error" and exited.cause.what.endswith("the container exited")
+    with pytest.raises(ValueError, match="process must be one of"):
+        judge_log(text, None, process="unknown")
+
+
+def test_the_watchers_kill_line_names_the_kill():
+    v = judge_log(log(KILLED_BOOT) + log("public/sfxnz-nvidia-killed-boot.watch.log"), None)
+    [kill] = lines_with("public/sfxnz-nvidia-killed-boot.watch.log", " KILL reason=")
+    assert v.cause.cause == "watcher-kill" and v.cause.line == kill.strip()
+    assert "MemAvailable floor" in v.cause.fix
+
+
+def test_an_error_no_cause_names_is_not_called_a_kill():
+    text = log(KILLED_BOOT) + "(EngineCore pid=316) ERROR 09-27 13:39:00 [core.py:1] Something new broke\n"
+    v = judge_log(text, None)
+    assert v.cause.cause == "unrecognised-error" and v.cause.line.endswith("Something new broke")
+    assert v.cause.line_no == len(text.splitlines())
+
+
+def test_real_parallel_lm_head_nan_is_named_with_its_line():
+    v = judged("public/vllm-55442-parallel-lm-head-nan.log", None)
+    [line] = log("public/vllm-55442-parallel-lm-head-nan.log").splitlines()
+    assert [c.cause for c in v.causes] == ["weight-scale-never-loaded"] and v.cause.line == line
+    assert "'parallel_lm_head'" in v.cause.line and "MTP draft's own head" in v.cause.what
+    assert "defer_lm_head" in v.cause.fix and "ignore list" in v.cause.fix and not v.ok
 
 
 # ------------------------------------------------------------ a real HTTP server
@@ -318,6 +434,20 @@ def test_smoke_fails_on_a_dead_engine_without_chatting():
     assert not receipt.ok and receipt.chat is None and ep.requests == []
     assert receipt.cause["cause"] == "missing-weight-scale" and "in_proj_qkvbfg_a.weight_scale" in receipt.cause["line"]
     assert any(f["what"] == "health" and "container exited" in f["detail"] for f in receipt.findings)
+
+
+@pytest.mark.parametrize(("alive", "cause", "tail"), [(False, "ended-without-error", "the container exited"),
+                                                      (True, "still-booting", "hang at this last line)")])
+def test_smoke_tells_a_killed_boot_from_one_still_running(alive, cause, tail):
+    """The live harness has what a recorded log lacks: whether the containers still run."""
+    variant = find_variant("lab", IMAGES)
+    variant = replace(variant, expect=replace(variant.expect, boot_timeout_s=1))
+    head = RecordedRunner("ssh://ops@spark1", KILLED_BOOT, alive=alive)
+    with Endpoint(unhealthy=10**9) as ep:
+        receipt = run_smoke(variant, serve_command(variant), "img", [head], ep.url, health_interval_s=0.05)
+    assert not receipt.ok and receipt.chat is None
+    assert receipt.cause["cause"] == cause and receipt.cause["what"].endswith(tail)
+    assert receipt.verdict["phase"] == "profiling"
 
 
 def test_incomplete_command_is_refused():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from patchkit.variants.smoke.causes import CAUSES, find_causes
 from patchkit.variants.smoke.markers import MARKER, MARKERS, RELEASES, parse_boot_log
 
 REPO = Path(__file__).resolve().parents[1]
+DAY0_BOOT = REPO / "tests/data/boot-logs/public/sfxnz-nvidia-dflash2-good-boot.log"  # a real day-0 base boot
 VLLM_ANCHORS = [(m.name, m.literal, m.files) for m in MARKERS if m.releases] + [
     (c.name, c.literal, c.files) for c in CAUSES if c.literal
 ]
@@ -78,3 +80,41 @@ def test_every_cause_is_named_from_its_own_line_first():
         found = find_causes(cause.sample)
         assert found and found[0].cause == cause.name, (cause.name, [f.cause for f in found])
         assert found[0].line == cause.sample and found[0].line_no == 1
+
+
+def test_a_sample_whose_record_names_a_test_file_is_a_line_of_that_file():
+    """Lines no release prints (the day-0 base's, a watcher's) record the public log they come from."""
+    named = 0
+    for item in (*MARKERS, *CAUSES):
+        for path in re.findall(r"tests/data/\S+?\.log", item.record):
+            lines = (REPO / path).read_text().splitlines()
+            assert any(item.sample in line for line in lines), (item.name, path)
+            named += 1
+    assert named >= 2  # weights-day0 and watcher-kill at least
+
+
+def test_every_marker_the_real_day0_boot_prints_is_anchored():
+    """What the harness reads off a real boot of the pinned base: each marker either stands in the
+    released sources (test above) or names the public record of the base's own wording."""
+    lines = DAY0_BOOT.read_text().splitlines()
+    fired = {m.name for m in MARKERS if any(m.pattern.search(line) for line in lines)}
+    assert fired == {"weights-day0", "weights-load-time", "kv-cache", "v2-runner", "architecture", "engine-config",
+                     "speculative-config", "speculator-capture", "spec-metrics", "startup"}
+    for name in fired:
+        marker = MARKER[name]
+        assert marker.releases == RELEASES or (marker.releases == () and marker.record), name
+    assert MARKER["weights-day0"].record.startswith("the day-0 base's own boot: tests/data/boot-logs/public/")
+    assert MARKER["weights-day0"].sample in lines
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_real_boots_drafter_is_a_vllm_name_in_each_release(version):
+    """The DFlash2 drafter of the real day-0 boot is a registered draft architecture and `dflash` a
+    speculative method in every supported release, so the method the harness names is vLLM's own."""
+    boot = parse_boot_log(DAY0_BOOT.read_text())
+    source = open_release("vllm", version, cache=SdistCache(), progress=False)
+    texts = {p: (d or b"").decode() for p, d in source.read_many(
+        "vllm", ["model_executor/models/registry.py", "config/speculative.py"]).items()}
+    assert f'"{boot.draft_architecture}":' in texts["model_executor/models/registry.py"]
+    assert f'"{boot.spec_method}"' in texts["config/speculative.py"]

@@ -161,6 +161,26 @@ def test_variant_is_detected_from_its_pins(tmp_path):
     assert report.variant == "nvidia-nvfp4" and report.ok
 
 
+def test_a_partly_pinned_variant_is_named_but_never_detected(tmp_path):
+    """redhat pins its index only (a public manifest's hash): a checkpoint whose index matches is not
+    trusted by hashing, the refusal names the variant, and naming it still demands the config pin."""
+    root = make(tmp_path, "redhat", **real_layout("redhat"))
+    images = tmp_path / "images"
+    (images / "glm53-flash-nvfp4-redhat").mkdir(parents=True)
+    text = (IMAGES / "glm53-flash-nvfp4-redhat" / "variant.toml").read_text()
+    own = find_variant("redhat", IMAGES).checkpoint.pins
+    assert own.config_sha256 is None and own.index_sha256 in text
+    (images / "glm53-flash-nvfp4-redhat" / "variant.toml").write_text(text.replace(own.index_sha256, pins_of(root)["pin_index"]))
+    with pytest.raises(PatchkitError, match="matches no pinned variant.*known pins match variant redhat, which pins only part"):
+        preflight(root, images_dir=images)
+    partial = find_variant("redhat", images)
+    with pytest.raises(PatchkitError, match="no known SHA-256 pin for config.json"):
+        preflight(root, partial)
+    assert preflight(root, partial, pin_config=pins_of(root)["pin_config"]).ok
+    with pytest.raises(PatchkitError, match="does not match the pin"):
+        preflight(root, partial, pin_config="0" * 64)
+
+
 # ---------------------------------------------------------------- the real RedHat layout (compressed-tensors)
 
 def test_redhat_mixed_precision_layout_passes_group_by_group(tmp_path):

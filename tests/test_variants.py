@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import shutil
@@ -16,6 +17,7 @@ from patchkit.variants.quant_methods import check_method
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = REPO / "images"
+PINS = Path(__file__).parent / "data" / "pins"  # public records of checkpoint identities (tests/data/README.md)
 SHA_A = "a" * 64
 SHA_B = "b" * 64
 
@@ -82,11 +84,57 @@ def test_pinned_variants_are_those_with_public_records_and_only_nvidia_excludes_
 
 def test_lab_pins_are_the_public_runtime_locks(variants):
     """tests/data/pins: a public GB10 runtime lock of the lab checkpoint (tests/data/README.md)."""
-    record = json.loads((Path(__file__).parent / "data" / "pins" / "sparkring-glm53-flash-pins.json").read_text())["target_model"]
+    record = json.loads((PINS / "sparkring-glm53-flash-pins.json").read_text())["target_model"]
     lab = variants["lab"].checkpoint
     assert (lab.repo, lab.revision) == (record["repository"], record["revision"])
     assert (lab.pins.config_sha256, lab.pins.index_sha256) == (record["config_sha256"], record["weight_index_sha256"])
     assert record["quantization"]["algorithm"] == lab.quant_algo and "sparkring" in lab.pin_source
+
+
+def sparkring_record(name: str) -> dict:
+    """A sparkring checkpoint profile: repository, revision and each file's size and sha256."""
+    record = json.loads((PINS / name).read_text())
+    return {"repo": record["repository"], "revision": record["revision"],
+            "config": record["files"]["config.json"]["sha256"], "index": record["files"][record["index"]]["sha256"]}
+
+
+def test_the_lab_qad_revision_is_another_checkpoint_and_fails_the_identity_check(variants):
+    """175ae8ce ("NVFP4 QAD") shares 520de24e's config.json but not its index: the variant stays on the
+    revision its measurements and runtime lock are for, and a QAD download is refused at the index."""
+    qad, lab = sparkring_record("sparkring-lab-175ae8ce-pins.json"), variants["lab"].checkpoint
+    assert qad["repo"] == lab.repo and qad["revision"] != lab.revision
+    assert qad["config"] == lab.pins.config_sha256 and qad["index"] != lab.pins.index_sha256
+    assert "520de24e" in lab.pin_source and "175ae8ce" not in lab.pin_source
+
+
+def test_nvidia_keeps_its_pinned_revision_and_a_da920bb0_download_is_refused(variants):
+    """sparkring's record of revision da920bb0 shares the index pin but not the config.json pin of the
+    variant's 423acf37 (docs/field-records.md): the variant is not switched, and such a download fails the
+    config check."""
+    record, nvidia = sparkring_record("sparkring-nvidia-da920bb0-pins.json"), variants["nvidia-nvfp4"].checkpoint
+    assert record["repo"] == nvidia.repo and record["revision"] != nvidia.revision
+    assert record["index"] == nvidia.pins.index_sha256 and record["config"] != nvidia.pins.config_sha256
+    field_records = (REPO / "docs" / "field-records.md").read_text()
+    assert record["revision"] in field_records and record["config"] in field_records
+
+
+def test_redhat_index_pin_is_the_public_manifests_and_its_config_stays_unpinned(variants):
+    """uwoobeat's manifest of the Hub files at the pinned revision: the index is LFS (its sha256 is the
+    file's), config.json is not and has no hash. A partial pin stays fail-closed for the unknown part."""
+    rows = {row["path"]: row for row in csv.DictReader((PINS / "uwoobeat-redhat-36c184c6-files.tsv").open(), delimiter="\t")}
+    redhat = variants["redhat"]
+    for row in rows.values():
+        assert f"/resolve/{redhat.checkpoint.revision}/" in row["url"] and redhat.checkpoint.repo in row["url"]
+    assert redhat.checkpoint.pins.index_sha256 == rows["model.safetensors.index.json"]["upstream_lfs_sha256"]
+    assert rows["config.json"]["upstream_lfs_sha256"] == "" and redhat.checkpoint.pins.config_sha256 is None
+    assert not redhat.pinned and "--pin-config" in redhat.checkpoint.pin_source
+    with pytest.raises(PatchkitError, match="no known SHA-256 pin for config.json.*--pin-config"):
+        resolve_pins(redhat)
+    index = redhat.checkpoint.pins.index_sha256
+    assert resolve_pins(redhat, config_sha256=SHA_A) == resolve_pins(redhat, config_sha256=SHA_A, index_sha256=index)
+    assert resolve_pins(redhat, config_sha256=SHA_A).index_sha256 == index
+    with pytest.raises(PatchkitError, match="pins model.safetensors.index.json sha256 015faae9.*contradicts"):
+        resolve_pins(redhat, config_sha256=SHA_A, index_sha256=SHA_B)
 
 
 def test_aliases_resolve():

@@ -3,6 +3,9 @@
 The same judgement the live smoke makes (variants/smoke/judge.py): the fatal cause with the line that
 showed it and its fix, the weight and KV markers in every format the base and the releases print, the
 speculator that attached and its acceptance, and, with --variant, the variant's expectations.
+A recorded log is all there is, so one that ends without 'Application startup complete' is a boot that
+did not come up: with no error line it was killed from outside (cause `ended-without-error`, with the
+phase it reached); --cut-short judges a log captured while the boot was still running.
 Exit 0 when the log shows a good boot, 1 when it does not, 2 on bad input.
 """
 
@@ -72,7 +75,8 @@ def _render(verdict, variant_name: str | None) -> None:
               help="The boot ran with PATCHKIT_QUANTPROBE=1 on an image carrying the quantprobe patch (its lines "
               "are then required) / did not (default: unknown; lines are judged when present).")
 @click.option("--booted/--cut-short", default=True, show_default=True,
-              help="--cut-short judges a log that ends before startup on purpose (no startup/KV failures).")
+              help="--cut-short judges a log that ends before startup on purpose, e.g. captured mid-boot (no "
+              "startup/KV failures, no end-of-log cause); by default such a log is a boot that did not come up.")
 @json_option
 def doctor(log, variant, quantprobe, booted, as_json):
     """Why did this boot fail (or did it)? Judge a recorded vLLM boot log (LOG, or - for stdin)."""

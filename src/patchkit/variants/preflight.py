@@ -253,12 +253,18 @@ def _detect(root: Path, images_dir: Path | None) -> Variant:
             digests.append(sha256_bytes((root / name).read_bytes()))
         except FileNotFoundError:
             raise PatchkitError(f"checkpoint {root} has no {name}") from None
-    for variant in load_variants(images_dir).values():
+    variants = load_variants(images_dir).values()
+    for variant in variants:
         pins = variant.checkpoint.pins
         if (pins.config_sha256, pins.index_sha256) == tuple(digests):
             return variant
+    # A partly pinned variant is never chosen by hashing (its unknown pin is unchecked), only named.
+    partial = [v.name for v in variants if not v.pinned and any(
+        own == digest for own, digest in zip((v.checkpoint.pins.config_sha256, v.checkpoint.pins.index_sha256), digests,
+                                             strict=True))]
+    hint = f"; its known pins match variant {', '.join(partial)}, which pins only part of the checkpoint" if partial else ""
     raise PatchkitError(
-        f"{root} matches no pinned variant (config sha256 {digests[0]}); name it with --variant and give "
+        f"{root} matches no pinned variant (config sha256 {digests[0]}){hint}; name it with --variant and give "
         "--pin-config/--pin-index for an unpinned one"
     )
 

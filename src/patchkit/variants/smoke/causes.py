@@ -5,6 +5,10 @@ string is an anchor (`literal` + `files`, asserted against the released sources 
 tests/test_markers.py); the others come from the driver, PyTorch or the launcher, and name the public
 record (docs/field-records.md). The first cause found in a log is the verdict's cause; the receipt
 carries it with the line that showed it.
+
+A boot that never came up and printed no line of the table still gets a cause (`unexplained_end`): an
+error line nothing here names, a log that just stops (killed from outside: an engine failing inside
+vLLM logs a traceback or one of these lines), or, live, an engine still running when it was judged.
 """
 
 from __future__ import annotations
@@ -13,6 +17,12 @@ import re
 from dataclasses import asdict, dataclass
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+# What gives a phase that ran out of unified memory its headroom (one wording for every memory kill).
+_HEADROOM = ("give that phase headroom on every node: drop the page cache and close other processes, lower "
+             "--gpu-memory-utilization or the pinned --kv-cache-memory-bytes, and check what grew in the phase "
+             "(JIT compilers: a FLASHINFER_JIT_VERBOSE=1 debug build, docs/field-records.md); a watcher's "
+             "MemAvailable floor must sit below what the phase needs")
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,13 @@ CAUSES: tuple[Cause, ...] = (
        "the launcher found only one free node: the previous serve's nodes were not released yet (occupancy race)",
        "wait ~10 s and start again (the smoke retries once)",
        record="launcher occupancy race after a stop (docs/field-records.md)", retry_after_s=10.0),
+    _c("watcher-kill", r"\bKILL reason=\S+ MemAvailable [\d.]+ GiB < \w+ floor",
+       "2026-09-27T13:39:10.144Z KILL reason=spark1 MemAvailable 7.75 GiB < PROFILE floor 8 GiB",
+       "a memory watcher beside the boot killed the containers: a node's MemAvailable fell below the "
+       "watcher's floor for that boot phase (the vLLM log itself just stops)",
+       _HEADROOM,
+       record="the sfxnz GLM-5.3-Flash recipe's watcher kit/uma_watch.py (tests/data/boot-logs/public/"
+       "sfxnz-nvidia-killed-boot.watch.log)"),
     _c("startup-free-memory", r"Free memory on device .* on startup is less than desired GPU memory utilization",
        "ValueError: Free memory on device cuda:0 (1.54/22.05 GiB) on startup is less than desired GPU memory utilization (0.9, 19.84 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
        "free unified memory at startup was below --gpu-memory-utilization x total (page cache, a previous "
@@ -74,6 +91,19 @@ CAUSES: tuple[Cause, ...] = (
        "use the image that carries the variant's patches (packed-modules-4p67, modelopt-mtp-namespace) and "
        "check `patchkit preflight` on the checkpoint",
        record="Python KeyError from the weight loader (docs/field-records.md)"),
+    # The same family seen from the other side: the parameter exists, no checkpoint tensor ever reached it.
+    _c("weight-scale-never-loaded", r"weight_scale for layer '[^']*' was never loaded",
+       "RuntimeError: NVFP4 weight_scale for layer 'parallel_lm_head' was never loaded (still NaN)",
+       "a layer was built NVFP4 but no checkpoint scale was loaded into it (vLLM's NaN sentinel, PR #52501): "
+       "the quant config quantizes a layer the checkpoint stores unquantized or names differently. "
+       "'parallel_lm_head' is the GLM MTP draft's own head, built under the checkpoint's NVFP4 config and "
+       "replaced by the target's head only after loading (vLLM issue #57532)",
+       "parallel_lm_head: serve the MTP draft on a vLLM that defers that head (0.31.0-0.33.0 build it with "
+       "SharedHead(defer_lm_head=True); 0.30.0 builds it quantized; PR #55442 for main), or keep the "
+       "draft's layer out of quantization (nvidia-nvfp4's --hf-overrides ignores all of layer 45). Another "
+       "layer: add it to the quant config's ignore list, or give it its packed mapping (packed-modules-4p67) "
+       "or its quant-config key, and check `patchkit preflight` on the checkpoint",
+       literal=" was never loaded ", files=["vllm/model_executor/layers/quantization/modelopt.py"]),
     _c("worker-died", r"Worker proc \S+ died unexpectedly",
        "Worker proc VllmWorker-0 died unexpectedly (exit code: None)",
        "a worker process died without a Python traceback (on GB10 usually the CUDA context killed by an "
@@ -117,6 +147,44 @@ def find_causes(text: str) -> list[Found]:
                 first[cause.name] = (n, line)
     return [Found(c.name, first[c.name][1], first[c.name][0], c.definitive, c.what, c.fix, c.retry_after_s)
             for c in CAUSES if c.name in first]
+
+
+# An error line no cause names: a traceback, or a record logged at ERROR level (vLLM's and uvicorn's).
+_ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|(?:^|[\s)\]])ERROR[\s:]")
+PROCESS_STATES = ("recorded", "exited", "running")
+
+
+def unexplained_end(text: str, phase: str, detail: str, process: str = "recorded") -> Found:
+    """The cause of a boot that never came up although no line of the table shows why.
+
+    `phase`/`detail`: how far the boot got (markers.PHASES). `process`: what is known besides the log:
+    "recorded" (a log on its own, `patchkit doctor`), "exited" or "running" (the live smoke sees the
+    containers). An error line nothing here names is the cause; otherwise the log just stops, with the
+    engine still running (not finished when judged) or gone without a word (killed from outside)."""
+    if process not in PROCESS_STATES:
+        raise ValueError(f"process must be one of {PROCESS_STATES}, got {process!r}")
+    lines = [(n, line) for n, raw in enumerate(text.splitlines(), 1) if (line := _ANSI.sub("", raw).strip())]
+    where = f"the log stops in the {phase} phase ({detail})"
+    for n, line in lines:
+        if _EXCEPTION.search(line) or _ERROR_LINE.search(line):
+            return Found("unrecognised-error", line, n, True,
+                         f"the boot logged an error in the {phase} phase that no cause in the table names",
+                         "read the traceback around this line (the first error is usually the root cause); once "
+                         "understood, add it to the cause table (variants/smoke/causes.py) with its fix", None)
+    n, last = lines[-1] if lines else (0, "")
+    if process == "running":
+        return Found("still-booting", last, n, True,
+                     f"{where} while the engine process still runs: the boot had not finished when it was judged "
+                     "(a slow phase, or a hang at this last line)",
+                     "wait, or raise [expect] boot_timeout_s if the phase is only slow (a ~700-800 s weight load, "
+                     "FlashInfer autotune up to an hour: docs/field-records.md); a hang keeps this last line", None)
+    how = ("the container exited" if process == "exited"
+           else "a log captured while the boot still ran is judged with --cut-short")
+    return Found("ended-without-error", last, n, True,
+                 f"killed from outside during {phase}: {where} with no error line (a memory watcher, the kernel "
+                 f"OOM killer, a docker kill or stop: an engine failing inside vLLM logs why); {how}",
+                 f"find what stopped it (the watcher's own log, journalctl -k for the OOM killer); if memory: {_HEADROOM}",
+                 None)
 
 
 def exceptions(text: str) -> list[str]:

@@ -8,6 +8,11 @@ while the engine is dead), reads the boot markers from the head's log, sends a c
 head's log (smoke/judge.py: markers from smoke/markers.py, fatal causes from smoke/causes.py) and
 writes a JSON receipt naming the cause of a failed boot with the line that showed it.
 
+Unlike `patchkit doctor`, which has only a recorded log, the smoke knows whether the containers are
+still running when /health gives up: a log that stops without an error line is then either a boot
+still in progress at the deadline (`still-booting`) or one killed from outside (`ended-without-error`,
+with the phase it reached), never confused.
+
 NOT RUN ON HARDWARE HERE: these machines have no GPU and no Docker engine. The log parsing, the
 decisions, the HTTP exchanges and the receipt are tested on CPU with recorded boot logs and a real
 HTTP server on 127.0.0.1; `DockerRunner` itself has not started a container.
@@ -293,7 +298,9 @@ def run_smoke(
             extra.append(Finding("ok" if probe["ok"] else "fail", "corruption probe", f"U+FFFD per run {probe['replacement_chars']} {probe['errors'] or ''}".strip()))
             if variant.serve.speculative and "SpecDecoding metrics" not in head.logs():
                 sleep(metrics_wait_s)  # vLLM logs the acceptance once per logging interval, after traffic
-        verdict = judge_log(head.logs(), variant, quantprobe)
+        # What the log alone cannot say: did the boot end, or was it still running when judged?
+        process = "running" if health.ok or all(r.running() for r in runners) else "exited"
+        verdict = judge_log(head.logs(), variant, quantprobe, process=process)
     finally:
         if not keep:
             for runner in runners:

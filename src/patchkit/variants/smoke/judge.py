@@ -1,7 +1,9 @@
 """One judgement of a boot log, shared by the live smoke and `patchkit doctor`.
 
 Findings are `fail` (the boot is not good), `warn` (unconfirmed or off the reference) or `ok`. A dead
-engine's finding names its cause from the fatal-cause table with the line that showed it.
+engine's finding names its cause from the fatal-cause table with the line that showed it; a boot that
+never came up without such a line gets the cause `unexplained_end` gives it (killed from outside, an
+unknown error, or still running), with the phase it reached.
 """
 
 from __future__ import annotations
@@ -9,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from patchkit.variants.definitions import Variant
-from patchkit.variants.smoke.causes import Found, exceptions, find_causes
-from patchkit.variants.smoke.markers import BootMarkers, parse_boot_log
+from patchkit.variants.smoke.causes import Found, exceptions, find_causes, unexplained_end
+from patchkit.variants.smoke.markers import PHASES, BootMarkers, parse_boot_log
 
 # A mean acceptance length this close to 1 means the target rejects (almost) every drafted token.
 _REJECTS_ALL = 1.05
@@ -45,6 +47,7 @@ class Verdict:
             "cause": self.cause.to_dict() if self.cause else None,
             "causes": [c.to_dict() for c in self.causes],
             "exceptions": self.exceptions,
+            "phase": m.phase,
             "speculative": {"method": m.spec_method, "draft_architecture": m.draft_architecture,
                             "num_spec_tokens": m.spec_tokens, "acceptance_lengths": m.acceptance_lengths,
                             "acceptance": m.overall_acceptance(m.spec_tokens)},
@@ -53,15 +56,22 @@ class Verdict:
         }
 
 
-def judge_log(text: str, variant: Variant | None, quantprobe: bool | None = None, *, booted: bool = True) -> Verdict:
+def judge_log(text: str, variant: Variant | None, quantprobe: bool | None = None, *, booted: bool = True,
+              process: str = "recorded") -> Verdict:
     """Parse and judge a boot log. `quantprobe`: does the image carry the quantprobe patch (None = unknown).
 
-    `booted=False` judges a log cut short on purpose (a live smoke stopped before startup)."""
+    `booted=False` judges a log cut short on purpose (a live smoke stopped before startup): no startup,
+    KV or end-of-log verdict. Otherwise a log without 'Application startup complete' is a boot that did
+    not come up. `process` is what is known of the engine besides its log: "recorded" (`patchkit doctor`:
+    the log alone, so a log that just stops is taken as ended), "exited" or "running" (the live smoke
+    asks the containers), which tells a killed boot from one still in progress."""
     markers = parse_boot_log(text)
     seen = find_causes(text)
     # A boot that came up survived the lines that are fatal only to a boot that never did.
     causes = [c for c in seen if c.definitive] if markers.startup_complete else seen
     excs = exceptions(text)
+    if booted and not markers.startup_complete and not causes:
+        causes = [unexplained_end(text, markers.phase, PHASES[markers.phase], process)]
     findings = judge_boot(markers, causes, excs, variant, quantprobe, booted=booted)
     findings += [Finding("warn", "memory", f"{c.cause} seen (line {c.line_no}: {c.line}) but the boot survived it")
                  for c in seen if c not in causes]
@@ -103,11 +113,18 @@ def _quantprobe(markers: BootMarkers, variant: Variant, quantprobe: bool | None)
     return out
 
 
-def _speculative(markers: BootMarkers, variant: Variant) -> list[Finding]:
-    spec = variant.serve.speculative
-    want = spec.method if spec else "none"
+def _speculative(markers: BootMarkers, variant: Variant | None) -> list[Finding]:
     got = markers.spec_method
     shown = f" ({markers.draft_architecture})" if markers.draft_architecture else ""
+    attached = f"{got}{shown} attached, {markers.spec_tokens or '?'} tokens"
+    if variant is None:  # what attached and how well it drafts, nothing to compare with
+        if got == "none":  # said by the banner, or nothing shown either way (a log without its start)
+            return [Finding("ok", "speculative", "no speculator (speculative_config=None)")] if markers.spec_configured else []
+        if got == "unknown":
+            attached = "a speculator drafts (SpecDecoding metrics) but the log does not show which"
+        return [Finding("ok", "speculative", attached)] + _acceptance(markers, markers.spec_tokens, None)
+    spec = variant.serve.speculative
+    want = spec.method if spec else "none"
     if got != want:
         if got == "none" and not markers.spec_configured:
             detail = f"expected {want}; the log shows no speculator (no SpeculativeConfig in the engine banner, no draft architecture)"
@@ -115,21 +132,24 @@ def _speculative(markers: BootMarkers, variant: Variant) -> list[Finding]:
         return [Finding("fail", "speculative", f"{got}{shown} attached; the variant expects {want}")]
     if want == "none":
         return [Finding("ok", "speculative", "no speculator, as the variant expects")]
-    out = [Finding("ok", "speculative", f"{got}{shown} attached, {markers.spec_tokens or '?'} tokens")]
+    out = [Finding("ok", "speculative", attached)]
     if spec and markers.spec_tokens is not None and markers.spec_tokens != spec.num_speculative_tokens:
         out.append(Finding("fail", "speculative", f"{markers.spec_tokens} speculative tokens; the variant serves {spec.num_speculative_tokens}"))
-    acc, band = markers.acceptance_lengths, variant.expect.accept_length
+    k = markers.spec_tokens or (spec.num_speculative_tokens if spec else None)
+    return out + _acceptance(markers, k, variant.expect.accept_length)
+
+
+def _acceptance(markers: BootMarkers, k: int | None, band: tuple[float, float] | None) -> list[Finding]:
+    """The mean acceptance length over every SpecDecoding interval (k: tokens per draft), against `band`."""
+    acc = markers.acceptance_lengths
     if not acc:
-        out.append(Finding("warn", "acceptance", "no SpecDecoding metrics line yet (vLLM logs one per interval under traffic)"))
-        return out
-    mean = markers.overall_acceptance(markers.spec_tokens or (spec.num_speculative_tokens if spec else None))
+        return [Finding("warn", "acceptance", "no SpecDecoding metrics line yet (vLLM logs one per interval under traffic)")]
+    mean = markers.overall_acceptance(k)
     if mean <= _REJECTS_ALL:
-        out.append(Finding("fail", "acceptance", f"mean acceptance length {mean:.2f}: the target rejects the drafts (a broken drafter)"))
-    elif band and not band[0] <= mean <= band[1]:
-        out.append(Finding("warn", "acceptance", f"mean acceptance length {mean:.2f} over {len(acc)} intervals; the reference boot gave {band[0]}-{band[1]}"))
-    else:
-        out.append(Finding("ok", "acceptance", f"mean acceptance length {mean:.2f} over {len(acc)} intervals"))
-    return out
+        return [Finding("fail", "acceptance", f"mean acceptance length {mean:.2f}: the target rejects the drafts (a broken drafter)")]
+    if band and not band[0] <= mean <= band[1]:
+        return [Finding("warn", "acceptance", f"mean acceptance length {mean:.2f} over {len(acc)} intervals; the reference boot gave {band[0]}-{band[1]}")]
+    return [Finding("ok", "acceptance", f"mean acceptance length {mean:.2f} over {len(acc)} intervals")]
 
 
 def judge_boot(markers: BootMarkers, causes: list[Found], excs: list[str], variant: Variant | None,
@@ -154,5 +174,4 @@ def judge_boot(markers: BootMarkers, causes: list[Found], excs: list[str], varia
         out.append(Finding("ok", "weights", f"{markers.weights_gib} GiB in {markers.weights_load_s} s"))
     if variant is not None:
         out += _quantprobe(markers, variant, quantprobe)
-        out += _speculative(markers, variant)
-    return out
+    return out + _speculative(markers, variant)

@@ -40,11 +40,14 @@ MARKERS: tuple[Marker, ...] = (
        ["vllm/v1/worker/gpu_model_runner.py", "vllm/v1/worker/gpu/model_runner.py"],
        "(Worker_TP0 pid=245) INFO 08-28 14:14:27 [gpu_model_runner.py:5089] Model loading took 92.19 GiB memory and 700.214000 seconds"),
     # The day-0 base (0.1.dev20051+g487ecf187) still prints the older wording; no supported release does.
+    # Its source cannot be fetched: the literal is read off its public lines (two decimals, V2 runner's
+    # model_runner.py); an older vLLM printed the same words with %.4f (gpustack/gpustack#3098).
     _m("weights-day0", r"Model loading took ([\d.]+) GiB and ([\d.]+) seconds",
-       "Model loading took %.4f GiB and %.6f seconds", ["vllm/v1/worker/gpu_model_runner.py"],
-       "(EngineCore_DP0 pid=1980) INFO 11-01 17:36:47 [gpu_model_runner.py:2653] Model loading took 5.2076 GiB and 5.149193 seconds",
-       releases=(), record="day-0 base boots (docs/field-records.md: `Model loading took 90.36 GiB and 740.581376 seconds`); "
-       "gpustack/gpustack#3098 shows the same wording from an older vLLM"),
+       "Model loading took %s GiB and %.6f seconds",
+       ["vllm/v1/worker/gpu/model_runner.py", "vllm/v1/worker/gpu_model_runner.py"],
+       "(Worker_TP0 pid=248) INFO 09-27 18:27:31 [model_runner.py:375] Model loading took 90.36 GiB and 783.173470 seconds",
+       releases=(), record="the day-0 base's own boot: tests/data/boot-logs/public/sfxnz-nvidia-dflash2-good-boot.log "
+       "(sfxnz/GLM-5.3-Flash-NVFP4-vLLM-2x-DGX-Spark); gpustack/gpustack#3098 shows the same words from an older vLLM"),
     _m("weights-load-time", r"Loading weights took ([\d.]+) seconds", "Loading weights took %.2f seconds",
        ["vllm/model_executor/model_loader/default_loader.py"],
        "(Worker_TP0 pid=245) INFO 08-28 14:14:15 [default_loader.py:507] Loading weights took 688.41 seconds"),
@@ -69,6 +72,11 @@ MARKERS: tuple[Marker, ...] = (
        "(Worker_TP0 pid=245) INFO 08-28 14:14:26 [llm_base_proposer.py:1505] Detected MTP model. Sharing target model embedding weights with the draft model."),
     _m("drafter-v1", r"Loading drafter model", "Loading drafter model...", ["vllm/v1/worker/gpu_model_runner.py"],
        "(EngineCore pid=7476) INFO 07-25 13:42:16 [gpu_model_runner.py:5233] Loading drafter model..."),
+    # V2 runner: printed when the drafter's CUDA graphs are captured (capture_model; an eager boot skips
+    # it). The DFlash speculator names itself ("DFlash2"); the MTP and autoregressive ones print fixed words.
+    _m("speculator-capture", r"Capturing model for (.*?) ?speculator\.\.\.", "Capturing model for %s speculator...",
+       ["vllm/v1/worker/gpu/spec_decode/dflash/speculator.py"],
+       "(Worker_TP0 pid=248) INFO 09-27 18:28:16 [speculator.py:137] Capturing model for DFlash2 speculator..."),
     _m("spec-metrics", r"SpecDecoding metrics: Mean acceptance length: ([\d.]+).*?Accepted: (\d+) tokens, Drafted: (\d+) tokens",
        "SpecDecoding metrics: ",
        ["vllm/v1/spec_decode/metrics.py"],
@@ -87,6 +95,15 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # Draft architectures by the method that loads them (vllm/model_executor/models/registry.py names).
 _DRAFT_ARCH = (("dflash", re.compile(r"DFlash", re.IGNORECASE)), ("eagle", re.compile(r"Eagle", re.IGNORECASE)), ("mtp", re.compile(r"MTP")))
 SPEC_METHODS = ("mtp", "dflash", "eagle", "ngram", "none")
+# A boot's phases in order, each known from the marker that closes the one before; a log's phase is the
+# last it reached (what a boot that stops without an error line was doing when it stopped).
+PHASES = {
+    "startup": "no engine config printed yet",
+    "weight loading": "the engine started; no 'Model loading took' line yet",
+    "profiling": "weights loaded; no 'GPU KV cache size' line yet",
+    "warmup": "KV cache sized; no 'Application startup complete' yet",
+    "serving": "'Application startup complete' printed",
+}
 
 
 @dataclass
@@ -98,10 +115,12 @@ class BootMarkers:
     kv_cache_tokens: int | None = None
     startup_complete: bool = False
     v2_runner: bool = False
+    engine_version: str | None = None  # the engine banner's "(v...)": which vLLM printed the log
     architectures: list[str] = field(default_factory=list)  # every "Resolved architecture", target first
     spec_configured: str | None = None  # SpeculativeConfig(method=...) from the engine banner
     spec_tokens: int | None = None
     spec_evidence: list[str] = field(default_factory=list)  # the lines that show a drafter attached
+    speculator_captured: str | None = None  # V2 runner: the speculator whose graphs were captured ("" if unnamed)
     acceptance_lengths: list[float] = field(default_factory=list)  # each SpecDecoding metrics line
     accepted_drafted: list[tuple[int, int]] = field(default_factory=list)  # its Accepted / Drafted tokens
     lines: int = 0
@@ -127,14 +146,27 @@ class BootMarkers:
         return self.architectures[1] if len(self.architectures) > 1 else None
 
     @property
+    def phase(self) -> str:
+        """The last boot phase the log reached (a key of PHASES)."""
+        if self.startup_complete:
+            return "serving"
+        if self.kv_cache_tokens is not None:
+            return "warmup"
+        if self.weights_gib is not None:
+            return "profiling"
+        if self.engine_version or self.v2_runner or self.weights_load_s is not None:
+            return "weight loading"
+        return "startup"
+
+    @property
     def spec_method(self) -> str:
         """Which speculator attached: mtp | dflash | eagle | ngram | none (from what vLLM printed)."""
         if self.spec_configured:
             return self.spec_configured
-        draft = self.draft_architecture or ""
-        for method, pattern in _DRAFT_ARCH:
-            if pattern.search(draft):
-                return method
+        for named in (self.draft_architecture or "", self.speculator_captured or ""):
+            for method, pattern in _DRAFT_ARCH:
+                if pattern.search(named):
+                    return method
         if any("Detected MTP model" in line for line in self.spec_evidence):
             return "mtp"
         return "unknown" if self.spec_evidence else "none"
@@ -172,11 +204,16 @@ def parse_boot_log(text: str) -> BootMarkers:
             m.architectures.append(hit.group(1))
             if len(m.architectures) > 1:
                 m.spec_evidence.append(line.strip())
+        if hit := MARKER["engine-config"].pattern.search(line):
+            m.engine_version = hit.group(1)
         if MARKER["speculative-none"].pattern.search(line):
             m.spec_configured = "none"
         if hit := MARKER["speculative-config"].pattern.search(line):
             m.spec_configured, m.spec_tokens = _spec_method(hit.group(1)), int(hit.group(3))
         if MARKER["mtp-v1"].pattern.search(line) or MARKER["drafter-v1"].pattern.search(line):
+            m.spec_evidence.append(line.strip())
+        if hit := MARKER["speculator-capture"].pattern.search(line):
+            m.speculator_captured = hit.group(1)
             m.spec_evidence.append(line.strip())
         if hit := MARKER["spec-metrics"].pattern.search(line):
             m.acceptance_lengths.append(float(hit.group(1)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import html
 import http.server
 import io
 import json
@@ -130,7 +131,8 @@ def vllm_repo(tmp_path: Path) -> git.Repo:
 
 
 class FakeIndex:
-    """JSON simple API + files, with faults: "truncate" (close mid-body), "http500"."""
+    """Simple API project pages (PEP 691 JSON; PEP 503 HTML when `content_type` is text/html) + files,
+    with faults: "truncate" (close mid-body), "http500"."""
 
     def __init__(self) -> None:
         self.projects: dict[str, list[dict]] = {}
@@ -145,9 +147,10 @@ class FakeIndex:
                 index.requests.append(self.path)
                 parts = self.path.strip("/").split("/")
                 if parts[0] == "simple" and len(parts) == 2 and parts[1] in index.projects:
-                    body = json.dumps(
-                        {"meta": {"api-version": "1.1"}, "name": parts[1], "files": index.projects[parts[1]]}
-                    )
+                    files = index.projects[parts[1]]
+                    if index.content_type == "text/html":
+                        return self.reply(html_page(files).encode(), index.content_type)
+                    body = json.dumps({"meta": {"api-version": "1.1"}, "name": parts[1], "files": files})
                     return self.reply(body.encode(), index.content_type)
                 if parts[0] == "files" and len(parts) == 2 and parts[1] in index.bodies:
                     body, fault = index.bodies[parts[1]], index.faults.get(parts[1])
@@ -189,6 +192,16 @@ class FakeIndex:
 
     def file_requests(self) -> list[str]:
         return [path for path in self.requests if path.startswith("/files/")]
+
+
+def html_page(files: list[dict]) -> str:
+    """PEP 503: one anchor per file, its sha256 in the fragment, `data-yanked` on a yanked one."""
+    links = []
+    for file in files:
+        yanked = ' data-yanked=""' if file.get("yanked") else ""
+        href = html.escape(f"{file['url']}#sha256={file['hashes']['sha256']}")
+        links.append(f'<a href="{href}"{yanked}>{html.escape(file["filename"])}</a><br/>')
+    return "<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n"
 
 
 @pytest.fixture
@@ -466,15 +479,37 @@ def test_unreachable_index_is_an_error_naming_the_url(monkeypatch, cache):
     assert cache_entries(cache) == []
 
 
-def test_unknown_version_project_or_non_json_index(index, cache):
+def test_unknown_version_project_or_unreadable_index_page(index, cache):
     index.add("vllm", "vllm-0.32.0.tar.gz", sdist_bytes("vllm", "0.32.0"))
     with pytest.raises(PatchkitError, match=r"vllm 0.33.0 is not on the package index .*latest releases: 0.32.0"):
         open_source("vllm==0.33.0", cache=cache)
     with pytest.raises(PatchkitError, match=r"flashinfer-python is not on the package index"):
         open_source("flashinfer-python==0.7.2", cache=cache)
-    index.content_type = "text/html"
-    with pytest.raises(PatchkitError, match=r"not a JSON simple API"):
+    index.content_type = "text/plain"
+    with pytest.raises(PatchkitError, match=r"/simple/vllm/ is not a simple API project page.*'text/plain'"):
         open_source("vllm==0.32.0", cache=cache)
+    index.content_type = "application/vnd.pypi.simple.v1+json"
+    index.projects["vllm"].append({"filename": "vllm-0.33.0.tar.gz"})  # no url, no hashes: not PEP 691
+    fields = r"\(files.1.url: Field required; files.1.hashes: Field required\); PATCHKIT_INDEX_URL must name"
+    with pytest.raises(PatchkitError, match=r"/simple/vllm/ is not a simple API project page.* " + fields):
+        open_source("vllm==0.32.0", cache=cache)
+
+
+def test_a_pep_503_html_index_is_read_too(index, cache):
+    """An index that serves HTML pages only (a static mirror): the same choice, and the same hash check."""
+    index.content_type = "text/html"
+    body = sdist_bytes("vllm", "0.33.0")
+    index.add("vllm", "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", b"not this one")
+    index.add("vllm", "vllm-0.33.0.tar.gz", body)
+    index.add("vllm", "vllm-0.34.0.tar.gz", b"x", yanked=True)
+    assert discover_releases() == [Version("0.33.0")]
+    source = open_source("vllm==0.33.0", cache=cache, progress=False)
+    assert source.description == f"vllm 0.33.0 sdist (index, sha256 {sha256(body)[:12]})"
+    assert index.file_requests() == ["/files/vllm-0.33.0.tar.gz"]
+    index.add("vllm", "vllm-0.32.0.tar.gz", sdist_bytes("vllm", "0.32.0"), listed_sha256="0" * 64)
+    with pytest.raises(PatchkitError, match=r"does not match the index: sha256 expected 0{64}, got [0-9a-f]{64}"):
+        open_source("vllm==0.32.0", cache=cache, progress=False)
+    assert cache_entries(cache) == ["vllm-0.33.0.json", "vllm-0.33.0.tar.gz"]
 
 
 def test_pkg_info_contradicting_the_requested_version_is_an_error(index, cache):

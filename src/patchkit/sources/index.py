@@ -1,8 +1,19 @@
-"""The Python package index, through its JSON simple API (PEP 691): list a project's files, pick one
-archive for a version, download it once with its sha256 checked while streaming.
+"""The Python package index: list a project's files, pick one archive for a version, download it once
+with its sha256 checked while streaming.
 
-Hand-written rather than pip's internals (not a library API) or a resolver: patchkit needs one exact
-file per version and its hash, which is a single JSON request.
+pypi-simple reads the project page: it asks for the JSON simple API (PEP 691) first and reads a PEP 503
+HTML page too (a mirror served as static files), resolves each file's URL against the page, and gives
+its digests, size (JSON only), yanked state (PEP 592) and, from the file name, its project, version and
+type. What stays here, and why:
+
+- which files count: `.tar.gz` sdists and wheels of exactly that project (patchkit reads tar and zip
+  archives, not eggs or `.zip` sdists); a wheel's platform tags come from packaging's parser, as
+  pypi-simple gives none; one archive per version is chosen by portability.
+- the download: pypi-simple's `download_package` writes to a path and deletes it itself on failure,
+  where the cache hands out an open temporary file that it renames into place only when the download
+  ends cleanly; and it reads through requests' `iter_content`, which undoes a transfer
+  Content-Encoding before hashing, so a gzip-encoded `.tar.gz` would hash as its decompressed bytes.
+  Here the raw bytes are written and hashed as they arrive (as pip does), behind a rich progress bar.
 """
 
 from __future__ import annotations
@@ -12,17 +23,10 @@ import hashlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO
-from urllib.parse import urljoin
+from typing import TYPE_CHECKING, BinaryIO
 
 from packaging.specifiers import SpecifierSet
-from packaging.utils import (
-    InvalidSdistFilename,
-    InvalidWheelFilename,
-    canonicalize_name,
-    parse_sdist_filename,
-    parse_wheel_filename,
-)
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from rich.console import Console
 from rich.progress import (
@@ -35,8 +39,10 @@ from rich.progress import (
 
 from patchkit.errors import PatchkitError
 
+if TYPE_CHECKING:
+    from pypi_simple import DistributionPackage
+
 DEFAULT_INDEX_URL = "https://pypi.org/simple"
-JSON_SIMPLE_API = "application/vnd.pypi.simple.v1+json"
 TIMEOUT = (15, 60)  # seconds: connect, and between two reads
 CHUNK = 1 << 20
 
@@ -59,52 +65,66 @@ class IndexFile:
 
 def project_files(dist: str) -> tuple[str, list[IndexFile]]:
     """(project page URL, the .tar.gz sdists and wheels of `dist` listed there)."""
-    import requests  # the HTTP client loads only when the index is asked (a warm verify never is)
+    # pypi-simple (requests, pydantic) loads only when the index is asked: a warm verify never is.
+    import requests
+    from pypi_simple import ACCEPT_JSON_PREFERRED, NoSuchProjectError, PyPISimple, UnsupportedRepoVersionError
 
-    page = f"{index_url()}/{canonicalize_name(dist)}/"
-    try:
-        response = requests.get(page, headers={"Accept": JSON_SIMPLE_API}, timeout=TIMEOUT)
-    except requests.RequestException as error:
-        raise PatchkitError(f"cannot reach the package index at {page}: {error}") from error
-    if response.status_code == 404:
-        raise PatchkitError(f"{dist} is not on the package index ({page} answered HTTP 404)")
-    if not response.ok:
-        raise PatchkitError(f"the package index answered HTTP {response.status_code} {response.reason} for {page}")
-    content_type = response.headers.get("content-type", "").split(";")[0].strip()
-    try:
-        if content_type != JSON_SIMPLE_API:
-            raise ValueError(f"content type {content_type!r}")
-        entries = response.json()["files"]
-        files = [file for entry in entries if (file := _index_file(entry, page, dist)) is not None]
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise PatchkitError(
-            f"{page} is not a JSON simple API (PEP 691) project page ({error}); "
-            "PATCHKIT_INDEX_URL must name such an index"
-        ) from error
-    return page, files
+    with PyPISimple(endpoint=index_url(), accept=ACCEPT_JSON_PREFERRED) as client:
+        page = client.get_project_url(dist)
+        try:
+            listed = client.get_project_page(dist, timeout=TIMEOUT)
+        except NoSuchProjectError as error:
+            raise PatchkitError(f"{dist} is not on the package index ({page} answered HTTP 404)") from error
+        except requests.HTTPError as error:
+            answer = error.response  # raise_for_status: always there
+            raise PatchkitError(
+                f"the package index answered HTTP {answer.status_code} {answer.reason} for {page}"
+            ) from error
+        except requests.RequestException as error:
+            if isinstance(error, requests.JSONDecodeError):  # the page answered, in no JSON
+                raise _not_a_project_page(page, error) from error
+            raise PatchkitError(f"cannot reach the package index at {page}: {error}") from error
+        except (ValueError, UnsupportedRepoVersionError) as error:  # another content type, or files not per PEP 691
+            raise _not_a_project_page(page, error) from error
+    return page, [file for package in listed.packages if (file := _index_file(package, dist)) is not None]
 
 
-def _index_file(entry: dict, page: str, dist: str) -> IndexFile | None:
-    filename = entry["filename"]
-    try:
-        if filename.endswith(".whl"):
-            name, version, _, tags = parse_wheel_filename(filename)
-            kind, platforms = "wheel", frozenset(tag.platform for tag in tags)
-        elif filename.endswith(".tar.gz"):
-            name, version = parse_sdist_filename(filename)
-            kind, platforms = "sdist", frozenset()
-        else:
-            return None  # eggs, .zip sdists, installers: not archives patchkit reads
-    except (InvalidWheelFilename, InvalidSdistFilename, InvalidVersion):
-        return None  # ancient uploads with names no tool can parse
-    if name != canonicalize_name(dist):
+def _not_a_project_page(page: str, error: Exception) -> PatchkitError:
+    detail = str(error)
+    problems = getattr(error, "errors", None)  # pydantic's ValidationError (pypi-simple's PEP 691 model): per field
+    if callable(problems):
+        detail = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems()[:3])
+    return PatchkitError(
+        f"{page} is not a simple API project page, PEP 691 JSON or PEP 503 HTML ({detail}); "
+        "PATCHKIT_INDEX_URL must name such an index"
+    )
+
+
+def _index_file(package: DistributionPackage, dist: str) -> IndexFile | None:
+    if package.package_type == "wheel":
+        try:
+            tags = parse_wheel_filename(package.filename)[3]
+        except (InvalidWheelFilename, InvalidVersion):
+            return None  # a name pip would not install either
+        kind, platforms = "wheel", frozenset(tag.platform for tag in tags)
+    elif package.package_type == "sdist" and package.filename.endswith(".tar.gz"):
+        kind, platforms = "sdist", frozenset()
+    else:
+        return None  # eggs, .zip sdists, installers, names no parser reads: not archives patchkit reads
+    if package.project is None or package.version is None:
         return None
+    if canonicalize_name(package.project) != canonicalize_name(dist):
+        return None
+    try:
+        version = Version(package.version)
+    except InvalidVersion:
+        return None  # ancient uploads with versions no tool can parse
     return IndexFile(
-        filename=filename,
-        url=urljoin(page, entry["url"]),
-        sha256=(entry.get("hashes") or {}).get("sha256"),
-        size=entry.get("size"),
-        yanked=bool(entry.get("yanked", False)),
+        filename=package.filename,
+        url=package.url,
+        sha256=package.digests.get("sha256"),
+        size=package.size,
+        yanked=package.is_yanked,
         kind=kind,
         version=version,
         platforms=platforms,

@@ -223,6 +223,19 @@ def test_real_size_header_set_inventory(real_size_nvidia):
     print(f"\n147k-tensor header set: identity + headers + inventory in {elapsed:.2f} s")
 
 
+def test_redhat_real_size_tensor_count_fits_w4a4_storage():
+    """RedHat's index was measured at 146,745 tensors (docs/field-records.md "Measured recipes"). The
+    synthetic layout at real size, NVFP4 W4A4 on the routed experts of layers 3-44 (an input_global_scale
+    beside each projection), comes within 0.2 % of it; weight-only storage (no input_global_scale) would
+    hold 42 x 288 x 3 tensors fewer. One of the reasons the reconstructed config chose W4A4."""
+    mods = modules(LAYOUTS["redhat"], REAL_DIMS)
+    w4a4 = sum(len(tensor_headers(m)) for m in mods)
+    experts = sum(1 for m in mods if m.fmt == "NVFP4-CT")
+    assert experts == 42 * 288 * 3
+    assert abs(w4a4 - 146_745) / 146_745 < 0.002
+    assert abs(w4a4 - experts - 146_745) / 146_745 > 0.2
+
+
 def test_per_rank_memory_at_tp(real_size_nvidia):
     root, pins = real_size_nvidia
     inv = inventory(read_headers(verify_identity(root, pins)), 45)

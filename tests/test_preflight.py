@@ -20,12 +20,6 @@ DATA = Path(__file__).parent / "data" / "quant-configs"
 REDHAT_QC = json.loads((DATA / "redhat-quantization_config.json").read_text())
 
 
-def with_quantization_config(quant: dict):
-    return lambda config: config.__setitem__("quantization_config", quant)
-
-
-
-
 def unpinned(name: str, **checkpoint_changes):
     v = find_variant(name, IMAGES)
     return replace(v, checkpoint=replace(v.checkpoint, pins=Pins(None, None), **checkpoint_changes))
@@ -48,17 +42,9 @@ def make(tmp_path: Path, layout_name: str, dims=TINY_DIMS, edit_config=None, **l
     return root
 
 
-def real_layout(name: str) -> dict:
-    """The synthetic layout where it matches the checkpoint; redhat's is rebuilt on its published config
-    (NVFP4 on the routed experts only)."""
-    if name != "redhat":
-        return {}
-    return {"storage": {"routed_expert": "NVFP4-CT"}, "edit_config": with_quantization_config(REDHAT_QC)}
-
-
 @pytest.mark.parametrize("name", ["lab", "4p67", "nvidia-nvfp4", "redhat", "libertai"])
 def test_every_variant_layout_passes(tmp_path, name):
-    root = make(tmp_path, name, **real_layout(name))
+    root = make(tmp_path, name)
     report = preflight(root, unpinned(name), **pins_of(root))
     assert report.ok, report.problems
     assert report.patches["checkpoint"] == sorted(find_variant(name, IMAGES).patches)
@@ -107,7 +93,7 @@ def test_4p67_needs_packed_modules_for_its_attention(tmp_path):
 
 
 def test_redhat_with_mtp_weights_contradicts_the_variant(tmp_path):
-    root = make(tmp_path, "redhat", has_mtp=True, **real_layout("redhat"))
+    root = make(tmp_path, "redhat", has_mtp=True)
     report = preflight(root, unpinned("redhat"), **pins_of(root))
     assert "variant says no MTP weights, but the checkpoint has tensors under layers [45]" in report.problems
 
@@ -164,7 +150,7 @@ def test_variant_is_detected_from_its_pins(tmp_path):
 def test_a_partly_pinned_variant_is_named_but_never_detected(tmp_path):
     """redhat pins its index only (a public manifest's hash): a checkpoint whose index matches is not
     trusted by hashing, the refusal names the variant, and naming it still demands the config pin."""
-    root = make(tmp_path, "redhat", **real_layout("redhat"))
+    root = make(tmp_path, "redhat")
     images = tmp_path / "images"
     (images / "glm53-flash-nvfp4-redhat").mkdir(parents=True)
     text = (IMAGES / "glm53-flash-nvfp4-redhat" / "variant.toml").read_text()
@@ -183,17 +169,26 @@ def test_a_partly_pinned_variant_is_named_but_never_detected(tmp_path):
 
 # ---------------------------------------------------------------- the real RedHat layout (compressed-tensors)
 
+def test_the_synthetic_redhat_config_is_the_reconstructed_record(tmp_path):
+    """The synthetic redhat layout (what preflight tests and the CPU smoke use) writes exactly the
+    reconstructed public quantization_config: groups, targets, format, ignore cannot drift apart."""
+    from patchkit.variants.smoke.synthetic_config import compressed_tensors_config
+
+    assert compressed_tensors_config() == REDHAT_QC
+    written = json.loads((make(tmp_path, "redhat") / "config.json").read_text())["quantization_config"]
+    assert written == REDHAT_QC
+
+
 def test_redhat_mixed_precision_layout_passes_group_by_group(tmp_path):
     """`format: mixed-precision` with an NVFP4 group on the routed experts of layers 3-44: the experts
     are NVFP4, the dense MLP and shared experts unquantized. Forcing the top-level format per module
     (the old reading) would have demanded NVFP4 of every quantizable module."""
-    root = make(tmp_path, "redhat", storage={"routed_expert": "NVFP4-CT"}, edit_config=with_quantization_config(REDHAT_QC))
+    root = make(tmp_path, "redhat")
     report = preflight(root, unpinned("redhat"), **pins_of(root))
     assert report.ok, report.problems
     assert report.declared["quant_algo"] == "mixed-precision" and report.declared["source"] == "config.json"
     # The same config with a dense MLP stored NVFP4: no group targets it, so vLLM builds it unquantized.
-    root2 = make(tmp_path / "b", "redhat", storage={"routed_expert": "NVFP4-CT", "dense_mlp": "NVFP4-CT"},
-                 edit_config=with_quantization_config(REDHAT_QC))
+    root2 = make(tmp_path / "b", "redhat", storage={"routed_expert": "NVFP4-CT", "dense_mlp": "NVFP4-CT"})
     problems = preflight(root2, unpinned("redhat"), **pins_of(root2)).problems
     assert any("main dense_mlp module(s) stored NVFP4-CT but vLLM 0.33 builds them unquantized" in p for p in problems)
 

@@ -41,8 +41,10 @@ for info in pkgutil.walk_packages(ct_package.__path__, ct_package.__name__ + "."
         if hasattr(module, "select_nvfp4_moe_backend"):
             module.select_nvfp4_moe_backend = lambda *args, **kwargs: (None, None)
 
-# RedHatAI/GLM-5.3-Flash-NVFP4's layout: NVFP4 W4A4 on Linear targets, BF16 attention, router and
-# shared experts (hand-written in compressed-tensors' serialisation, as the variant's smoke writes it)
+# RedHatAI/GLM-5.3-Flash-NVFP4's layout: NVFP4 W4A4 on the routed experts, BF16 attention, router and
+# shared experts, hand-written in compressed-tensors' serialisation with a class-name `Linear` target and
+# an ignore list (the published config targets the experts by regex instead, as the variant's CPU smoke
+# writes it: variants/smoke/synthetic_config.py)
 NVFP4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}
 COMPRESSED_TENSORS = {
     "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",

@@ -23,12 +23,13 @@ def pack(variant: str, out: Path) -> None:
 
     NVFP4 and MXFP8 come from ModelOpt's NVFP4QTensor / MXFP8QTensor, config.json's quantization_config
     from ModelOpt's convert_hf_quant_config_format; the RedHat format from compressed-tensors'
-    NVFP4PackedCompressor and QuantizationConfig."""
+    NVFP4PackedCompressor, each module with the scheme of the config group the library matches it to."""
     import torch
     from safetensors.torch import save_file
 
     layout = LAYOUTS[variant]
     mods = modules(layout, TINY_DIMS)
+    schemes = _ct_schemes(mods) if layout.fmt == "compressed-tensors" else {}
     gen = torch.Generator().manual_seed(0)
     dtypes = {"BF16": torch.bfloat16, "F32": torch.float32}
     tensors: dict[str, torch.Tensor] = {}
@@ -37,7 +38,7 @@ def pack(variant: str, out: Path) -> None:
             tensors[m.name] = torch.randn(m.shape, generator=gen).to(dtypes[m.dtype])
             continue
         w = (torch.randn(m.shape, generator=gen) * 0.02).to(torch.bfloat16)
-        tensors.update(_quantize(m, w))
+        tensors.update(_quantize(m, w, schemes.get(m.name)))
     out.mkdir(parents=True, exist_ok=True)
     # Two shards, modules kept whole, as real exports do.
     names = list(tensors)
@@ -60,17 +61,40 @@ def pack(variant: str, out: Path) -> None:
         hf_quant = hf_quant_config(layout, TINY_DIMS, mods)
         config["quantization_config"] = convert_hf_quant_config_format(hf_quant)
         (out / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=2))
-    else:
-        from compressed_tensors.quantization import QuantizationConfig
-
-        # Validated and re-serialized by the library itself.
-        config["quantization_config"] = QuantizationConfig.model_validate(compressed_tensors_config()).model_dump(
-            mode="json", exclude_none=True
-        ) | {"quant_method": "compressed-tensors"}
+    # compressed-tensors: config_json wrote the public record's quantization_config as it is, which
+    # _ct_schemes validated with the library and matched against every module.
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def _quantize(m: Linear, w):
+def _ct_schemes(mods: list[Linear]) -> dict:
+    """Linear module name -> the QuantizationScheme of the config group compressed-tensors itself matches
+    it to: `is_match` on the stored HF name (model.language_model.layers.3.mlp.experts.0.gate_proj) and
+    the module class, against each group's targets with the config's `ignore`, groups in order. The
+    layout must store exactly those modules NVFP4-CT and every other linear BF16, else the tiny
+    checkpoint and its config disagree."""
+    import torch
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    from compressed_tensors.quantization import QuantizationConfig
+    from compressed_tensors.utils.match import is_match
+
+    config = QuantizationConfig.model_validate(compressed_tensors_config())
+    linear = torch.nn.Linear(16, 16, device="meta")  # what every stored linear is; class targets match it
+    schemes = {}
+    for m in mods:
+        if m.dtype is not None:
+            continue
+        groups = config.config_groups.values()
+        scheme = next((g for g in groups if is_match(m.name, linear, g.targets, config.ignore)), None)
+        want = "BF16"
+        if scheme is not None:
+            schemes[m.name] = scheme
+            want = "NVFP4-CT" if NVFP4PackedCompressor.can_compress(torch.nn.Linear, scheme) else str(scheme.format)
+        if m.fmt != want:
+            raise PatchkitError(f"{m.name}: the layout stores it {m.fmt}, its compressed-tensors config group makes it {want}")
+    return schemes
+
+
+def _quantize(m: Linear, w, scheme=None):
     import torch
 
     n = m.name
@@ -91,9 +115,7 @@ def _quantize(m: Linear, w):
         return {f"{n}.weight": q._quantized_data, f"{n}.weight_scale": scale}
     if m.fmt == "NVFP4-CT":
         from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
-        from compressed_tensors.quantization import preset_name_to_scheme
 
-        scheme = preset_name_to_scheme("NVFP4", ["Linear"])
         wf = w.float()
         global_scale = (448.0 * 6.0) / wf.abs().max()  # compressed-tensors' convention: the reciprocal
         block_amax = wf.view(wf.shape[0], -1, 16).abs().amax(-1)
@@ -101,5 +123,7 @@ def _quantize(m: Linear, w):
         state = {"weight": wf, "weight_scale": scale, "weight_global_scale": global_scale.reshape(1),
                  "input_global_scale": torch.tensor([1.0 / INPUT_SCALE])}
         packed = NVFP4PackedCompressor.compress(state, scheme)
-        return {f"{n}.{k}": v for k, v in packed.items()}
+        # What the scheme stores: input_global_scale only with NVFP4 (tensor-group) activations.
+        kept = NVFP4PackedCompressor.compression_param_names(scheme)
+        return {f"{n}.{k}": v for k, v in packed.items() if k in kept}
     raise PatchkitError(f"no packing for format {m.fmt!r}")

@@ -106,23 +106,31 @@ def probe(jobs: list[dict]) -> list[list[dict]]:
 def _algo(qc, method: str, layer: str, prefix: str) -> str:
     """The algorithm get_quant_method would build `prefix` with, or "None" (unquantized)."""
     if method == "compressed-tensors":
+        from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
         from vllm.model_executor.layers.linear import RowParallelLinear
-        from vllm.model_executor.layers.quantization.compressed_tensors.utils import (
-            find_matched_target,
-            should_ignore_layer,
-        )
         from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
-        if should_ignore_layer(prefix, ignore=qc.ignore, fused_mapping=qc.packed_modules_mapping):
+        # get_scheme_dict: `ignore`, then the layer name, its fused shards, then the module's class name
+        # ("Linear" is contained in every LinearBase subclass's name, not in ParallelLMHead's). Only the
+        # class name is read, so an uninitialised instance stands for the layer. Routed experts resolve
+        # as CompressedTensorsMoEMethod.get_moe_method does: through expert 0's checkpoint projections.
+        if layer == "RoutedExperts":
+            qc._add_fused_moe_to_target_scheme_map()
+            experts = object.__new__(RoutedExperts)
+            schemes = [qc.get_scheme_dict(experts, f"{prefix}.0.{p}") for p in ("gate_proj", "up_proj", "down_proj")]
+            if any(s != schemes[0] for s in schemes):
+                raise PatchkitError(f"{prefix}: its expert projections resolve to different schemes; vLLM refuses the layer")
+            scheme = schemes[0]
+        else:
+            cls = ParallelLMHead if prefix.endswith("lm_head") else RowParallelLinear
+            scheme = qc.get_scheme_dict(object.__new__(cls), prefix)
+        if scheme is None or scheme.get("weights") is None:
             return "None"
-        # Targets match by layer name or by the module's class name ("Linear" is contained in every
-        # LinearBase subclass's name, not in ParallelLMHead's); routed experts are Linear modules in the
-        # checkpoint. Only the class name is read, so an uninitialised instance stands for the layer.
-        cls = ParallelLMHead if prefix.endswith("lm_head") else RowParallelLinear
-        target = find_matched_target(prefix, object.__new__(cls), qc.target_scheme_map, qc.packed_modules_mapping)
-        if target is None:
-            return "None"
-        return "NVFP4" if qc.quant_format == "nvfp4-pack-quantized" else str(qc.quant_format)
+        # The matched group's arguments, named as the quantprobe boot marker names them (NVFP4 weights:
+        # CompressedTensorsW4A4Fp4 / its MoE method, use_a16 when the group quantizes no activations).
+        if qc._is_nvfp4_format(scheme["weights"]):
+            return "W4A16_NVFP4" if scheme.get("input_activations") is None else "NVFP4"
+        return str(scheme.get("format"))
     if qc.is_layer_excluded(prefix):
         return "None"
     if method == "modelopt_mixed":

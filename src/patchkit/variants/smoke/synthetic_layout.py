@@ -67,7 +67,7 @@ class Layout:
 
     variant: str
     fmt: str  # modelopt | compressed-tensors
-    quant_algo: str
+    quant_algo: str  # ModelOpt's quant_algo; compressed-tensors: the top-level format
     storage: dict[str, str]  # "kind" or "mtp:kind" -> NVFP4 | NVFP4A16 | NVFP4-CT | MXFP8; default BF16
     mixed_algos: dict[str, str]  # MIXED_PRECISION: storage -> declared quant_algo
     has_mtp: bool
@@ -93,9 +93,12 @@ LAYOUTS = {
         {"routed_expert": "NVFP4A16", "shared_expert": "NVFP4A16", "dense_mlp": "NVFP4A16"}, {},
         has_mtp=True, mtp_in_ignore=True, kv_fp8=False,
     ),
+    # The public record (synthetic_config.REDHAT_QUANTIZATION_CONFIG): NVFP4 W4A4 (compressed-tensors
+    # packed, with input_global_scale) on the routed experts of layers 3-44 only, everything else BF16; no
+    # MTP layer in what vLLM loads (its weights ship outside the index).
     "redhat": Layout(
-        "redhat", "compressed-tensors", "nvfp4-pack-quantized",
-        {"routed_expert": "NVFP4-CT", "dense_mlp": "NVFP4-CT"}, {},
+        "redhat", "compressed-tensors", "mixed-precision",
+        {"routed_expert": "NVFP4-CT"}, {},
         has_mtp=False, mtp_in_ignore=False, kv_fp8=False,
     ),
     "lab": Layout(

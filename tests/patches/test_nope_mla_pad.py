@@ -38,7 +38,9 @@ text = dict(
     num_hidden_layers=2, num_nextn_predict_layers=1, mla_use_nope=True,
     indexer_rope_interleave=False, vocab_size=128, intermediate_size=128, moe_intermediate_size=32,
     n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-    layer_types=["linear_attention", "indexed_attention"], mlp_layer_types=["dense", "dense"],
+    # "full_attention": a name every release's config validator accepts (transformers 5.17, used by 0.31,
+    # lists no "indexed_attention"); anything but "linear_attention" is an MLA layer in every release
+    layer_types=["linear_attention", "full_attention"], mlp_layer_types=["dense", "dense"],
     mhc=False, pad_token_id=0, linear_num_heads=2, linear_head_dim=32, max_position_embeddings=8192,
 )
 ckpt = tempfile.mkdtemp()

@@ -62,6 +62,19 @@ def test_doctor_reports_the_acceptance_of_a_real_mtp_log_cut_short():
     assert data["speculative"]["acceptance_lengths"][-1] == 2.96
 
 
+def test_a_real_serving_excerpt_is_not_a_killed_boot():
+    """The excerpt starts after the boot (request and engine statistics lines only): the engine served, so
+    the log alone is no failure and names no cause."""
+    run = doctor(LOGS / "public/tenhkspark-route-h-mtp2-engine.log", "--json")
+    data = json.loads(run.stdout)
+    assert run.returncode == 0 and data["cause"] is None, run.stdout
+    assert data["markers"]["serving_lines"] == sum(
+        "Avg prompt throughput" in line or "SpecDecoding metrics" in line
+        for line in (LOGS / "public/tenhkspark-route-h-mtp2-engine.log").read_text().splitlines())
+    startup = [f for f in data["findings"] if f["what"] == "startup"]
+    assert [f["level"] for f in startup] == ["warn"] and "starts after the boot" in startup[0]["detail"]
+
+
 def test_doctor_on_the_real_day0_dflash_boot():
     text = (LOGS / "public/sfxnz-nvidia-dflash2-good-boot.log").read_text()
     alone = doctor(LOGS / "public/sfxnz-nvidia-dflash2-good-boot.log", "--json")

@@ -70,7 +70,7 @@ def judge_log(text: str, variant: Variant | None, quantprobe: bool | None = None
     # A boot that came up survived the lines that are fatal only to a boot that never did.
     causes = [c for c in seen if c.definitive] if markers.startup_complete else seen
     excs = exceptions(text)
-    if booted and not markers.startup_complete and not causes:
+    if booted and markers.phase != "serving" and not causes:
         causes = [unexplained_end(text, markers.phase, PHASES[markers.phase], process)]
     findings = judge_boot(markers, causes, excs, variant, quantprobe, booted=booted)
     findings += [Finding("warn", "memory", f"{c.cause} seen (line {c.line_no}: {c.line}) but the boot survived it")
@@ -156,11 +156,18 @@ def judge_boot(markers: BootMarkers, causes: list[Found], excs: list[str], varia
                quantprobe: bool | None = None, *, booted: bool = True) -> list[Finding]:
     """What the boot proves; any `fail` fails the smoke. Without a variant only the generic checks run."""
     out = _engine(causes, excs)
-    if booted:
+    # An excerpt that starts after the boot: the engine's serving statistics show it came up.
+    excerpt = not markers.startup_complete and markers.serving_lines > 0
+    if excerpt:
+        out.append(Finding("warn", "startup", f"not in this log, which starts after the boot: the engine was serving "
+                           f"({markers.serving_lines} engine statistics lines)"))
+    elif booted:
         out.append(Finding("ok", "startup", "Application startup complete") if markers.startup_complete
                    else Finding("fail", "startup", "no 'Application startup complete' in the log"))
     if markers.kv_cache_tokens is None:
-        out.append(Finding("fail" if booted else "warn", "kv cache", "no 'GPU KV cache size' line: the engine never sized its KV pool"))
+        out.append(Finding("fail" if booted and not excerpt else "warn", "kv cache",
+                           "no 'GPU KV cache size' line: the engine never sized its KV pool" if not excerpt
+                           else "no 'GPU KV cache size' line: not in this excerpt"))
     elif variant and variant.expect.kv_cache_tokens is not None and markers.kv_cache_tokens != variant.expect.kv_cache_tokens:
         out.append(Finding("warn", "kv cache", f"{markers.kv_cache_tokens:,} tokens; the pinned pool gave {variant.expect.kv_cache_tokens:,} on the reference boot"))
     else:

@@ -81,6 +81,11 @@ MARKERS: tuple[Marker, ...] = (
        "SpecDecoding metrics: ",
        ["vllm/v1/spec_decode/metrics.py"],
        "(APIServer pid=1) INFO 09-18 09:28:16 [metrics.py:120] SpecDecoding metrics: Mean acceptance length: 2.33, Accepted throughput: 0.13 tokens/s, Drafted throughput: 0.20 tokens/s, Accepted: 4 tokens, Drafted: 6 tokens, Per-position acceptance rate: 0.667, 0.667, Avg Draft acceptance rate: 66.7%"),
+    # Printed every logging interval while the engine serves: proof of a running engine in a log excerpt
+    # that starts after the boot.
+    _m("engine-stats", r"Engine \d+: Avg prompt throughput: ([\d.]+) tokens/s", "Avg prompt throughput: %.1f tokens/s",
+       ["vllm/v1/metrics/loggers.py"],
+       "(APIServer pid=1) INFO 09-18 09:28:06 [loggers.py:310] Engine 000: Avg prompt throughput: 2354.8 tokens/s, Avg generation throughput: 0.1 tokens/s, Running: 2 reqs, Waiting: 18 reqs, GPU KV cache usage: 1.1%, Prefix cache hit rate: 0.0%"),
     _m("startup", r"Application startup complete", "Application startup complete.", ["uvicorn/lifespan/on.py"],
        "(APIServer pid=1) INFO:     Application startup complete.", releases=(), record="uvicorn, vLLM's ASGI server"),
     # Printed only by images that carry the opt-in `quantprobe` patch (PATCHKIT_QUANTPROBE=1).
@@ -102,7 +107,7 @@ PHASES = {
     "weight loading": "the engine started; no 'Model loading took' line yet",
     "profiling": "weights loaded; no 'GPU KV cache size' line yet",
     "warmup": "KV cache sized; no 'Application startup complete' yet",
-    "serving": "'Application startup complete' printed",
+    "serving": "'Application startup complete' printed, or the engine's serving statistics",
 }
 
 
@@ -123,6 +128,7 @@ class BootMarkers:
     speculator_captured: str | None = None  # V2 runner: the speculator whose graphs were captured ("" if unnamed)
     acceptance_lengths: list[float] = field(default_factory=list)  # each SpecDecoding metrics line
     accepted_drafted: list[tuple[int, int]] = field(default_factory=list)  # its Accepted / Drafted tokens
+    serving_lines: int = 0  # engine stats and SpecDecoding metrics: printed only by an engine that serves
     lines: int = 0
 
     @property
@@ -148,7 +154,7 @@ class BootMarkers:
     @property
     def phase(self) -> str:
         """The last boot phase the log reached (a key of PHASES)."""
-        if self.startup_complete:
+        if self.startup_complete or self.serving_lines:
             return "serving"
         if self.kv_cache_tokens is not None:
             return "warmup"
@@ -215,7 +221,10 @@ def parse_boot_log(text: str) -> BootMarkers:
         if hit := MARKER["speculator-capture"].pattern.search(line):
             m.speculator_captured = hit.group(1)
             m.spec_evidence.append(line.strip())
+        if MARKER["engine-stats"].pattern.search(line):
+            m.serving_lines += 1
         if hit := MARKER["spec-metrics"].pattern.search(line):
+            m.serving_lines += 1
             m.acceptance_lengths.append(float(hit.group(1)))
             m.accepted_drafted.append((int(hit.group(2)), int(hit.group(3))))
             m.spec_evidence.append(line.strip())

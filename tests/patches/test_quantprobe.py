@@ -41,18 +41,10 @@ for info in pkgutil.walk_packages(ct_package.__path__, ct_package.__name__ + "."
         if hasattr(module, "select_nvfp4_moe_backend"):
             module.select_nvfp4_moe_backend = lambda *args, **kwargs: (None, None)
 
-# RedHatAI/GLM-5.3-Flash-NVFP4's layout: NVFP4 W4A4 on the routed experts, BF16 attention, router and
-# shared experts, hand-written in compressed-tensors' serialisation with a class-name `Linear` target and
-# an ignore list (the published config targets the experts by regex instead, as the variant's CPU smoke
-# writes it: variants/smoke/synthetic_config.py)
-NVFP4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}
-COMPRESSED_TENSORS = {
-    "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
-    "config_groups": {"group_0": {"targets": ["Linear"], "format": "nvfp4-pack-quantized",
-                                  "weights": dict(NVFP4, dynamic=False),
-                                  "input_activations": dict(NVFP4, dynamic="local")}},
-    "ignore": ["lm_head", "re:.*mlp\\.gate$", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*visual.*"],
-}
+# RedHatAI/GLM-5.3-Flash-NVFP4's quantization_config as the public records give it (tests/data/README.md):
+# top-level format mixed-precision, NVFP4 W4A4 on the routed experts of layers 3-44 by regex target,
+# everything else in no group (BF16).
+COMPRESSED_TENSORS = json.loads(__REDHAT_CONFIG__)
 
 def stderr_while_building(quantization_config, layers, mtp=False):
     env.checkpoint(quantization_config)
@@ -68,10 +60,11 @@ def stderr_while_building(quantization_config, layers, mtp=False):
 print(json.dumps({
     "mixed": stderr_while_building(lab_quantization_config(), [0, 3], mtp=True),
     "flat": stderr_while_building(nvidia_quantization_config(), [3]),
-    "compressed_tensors": stderr_while_building(COMPRESSED_TENSORS, [3]),
+    "compressed_tensors": stderr_while_building(COMPRESSED_TENSORS, [0, 3]),
 }))
 '''
 
+PROBE = PROBE.replace("__REDHAT_CONFIG__", repr((REPO / "tests/data/quant-configs/redhat-quantization_config.json").read_text()))
 stock, patched = probe_fixtures(PROBE, ON)
 
 
@@ -146,6 +139,8 @@ def test_compressed_tensors_reports_the_matched_scheme(patched):
     got = rows(patched["compressed_tensors"])
     assert got["language_model.model.layers.3.mlp.experts"] == ("RoutedExperts", "NVFP4")
     assert got["language_model.model.layers.3.mlp.shared_experts.down_proj"] == ("LinearBase", "None")
+    # Layer 0's dense MLP matches no group's regex target: unquantized, as the redhat variant expects.
+    assert got["language_model.model.layers.0.mlp.gate_up_proj"] == ("LinearBase", "None")
 
 
 def test_every_image_carries_the_probe():

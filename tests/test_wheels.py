@@ -198,6 +198,7 @@ def test_behaviour_tests_pass_on_the_installed_wheel(installed, module):
     env = {**os.environ, "PATCHKIT_WHEEL_PYTHON": str(python), "PATCHKIT_WHEEL_SITE": str(site),
            "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
     env.pop("PATCHKIT_TEST_EXCLUDE", None)
+    env.pop("PATCHKIT_RESULTS", None)  # a nested run must not overwrite the record of the run it is part of
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", "-p", "installed_wheel",
          str(REPO / "tests" / "patches" / module)],

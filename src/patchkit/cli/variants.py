@@ -133,15 +133,14 @@ def _smoke_hosts(variants, hosts, image, checkpoint, hf_cache, url, receipt, kee
                  pin_index, as_json) -> bool:
     from patchkit.cli.doctor import image_carries_quantprobe
     from patchkit.variants.serve import serve_args
-    from patchkit.variants.smoke.hardware import DockerRunner, run_smoke
+    from patchkit.variants.smoke.hardware import DockerRunner, host_name, run_smoke
 
     if len(variants) != 1 or not image:
         raise PatchkitError("a hardware smoke takes one variant and --image")
     variant = variants[0]
     command = serve_args(variant, checkpoint, pin_config, pin_index, None)
     runners = [DockerRunner(h, hf_cache) for h in hosts]
-    head = hosts[0].split("://")[-1].split("@")[-1].split(":")[0]
-    result = run_smoke(variant, command, image, runners, url or f"http://{head}:{variant.serve.port}",
+    result = run_smoke(variant, command, image, runners, url or f"http://{host_name(hosts[0])}:{variant.serve.port}",
                        keep=keep, master_addr=master_addr, quantprobe=image_carries_quantprobe(variant.image))
     if receipt:
         result.write(receipt)

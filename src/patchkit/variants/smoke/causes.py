@@ -16,7 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+from patchkit.variants.smoke.markers import ANSI, PHASES
+
 
 # What gives a phase that ran out of unified memory its headroom (one wording for every memory kill).
 _HEADROOM = ("give that phase headroom on every node: drop the page cache and close other processes, lower "
@@ -141,7 +142,7 @@ def find_causes(text: str) -> list[Found]:
     """Every cause the log shows, first occurrence of each, ordered by the table (specific first)."""
     first: dict[str, tuple[int, str]] = {}
     for n, raw in enumerate(text.splitlines(), 1):
-        line = _ANSI.sub("", raw).strip()
+        line = ANSI.sub("", raw).strip()
         for cause in CAUSES:
             if cause.name not in first and cause.pattern.search(line):
                 first[cause.name] = (n, line)
@@ -154,17 +155,17 @@ _ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|(?:^|[\s)\]])ERRO
 PROCESS_STATES = ("recorded", "exited", "running")
 
 
-def unexplained_end(text: str, phase: str, detail: str, process: str = "recorded") -> Found:
+def unexplained_end(text: str, phase: str, process: str = "recorded") -> Found:
     """The cause of a boot that never came up although no line of the table shows why.
 
-    `phase`/`detail`: how far the boot got (markers.PHASES). `process`: what is known besides the log:
+    `phase`: how far the boot got (a key of markers.PHASES). `process`: what is known besides the log:
     "recorded" (a log on its own, `patchkit doctor`), "exited" or "running" (the live smoke sees the
     containers). An error line nothing here names is the cause; otherwise the log just stops, with the
     engine still running (not finished when judged) or gone without a word (killed from outside)."""
     if process not in PROCESS_STATES:
         raise ValueError(f"process must be one of {PROCESS_STATES}, got {process!r}")
-    lines = [(n, line) for n, raw in enumerate(text.splitlines(), 1) if (line := _ANSI.sub("", raw).strip())]
-    where = f"the log stops in the {phase} phase ({detail})"
+    lines = [(n, line) for n, raw in enumerate(text.splitlines(), 1) if (line := ANSI.sub("", raw).strip())]
+    where = f"the log stops in the {phase} phase ({PHASES[phase]})"
     for n, line in lines:
         if _EXCEPTION.search(line) or _ERROR_LINE.search(line):
             return Found("unrecognised-error", line, n, True,
@@ -191,7 +192,7 @@ def exceptions(text: str) -> list[str]:
     """The `SomeError: message` lines, deduplicated in order (the first is usually the root cause)."""
     seen: dict[str, None] = {}
     for raw in text.splitlines():
-        if hit := _EXCEPTION.search(_ANSI.sub("", raw)):
+        if hit := _EXCEPTION.search(ANSI.sub("", raw)):
             seen.setdefault(f"{hit.group(1)}: {hit.group(2)}".strip())
     return list(seen)
 

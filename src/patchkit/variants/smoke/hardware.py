@@ -143,6 +143,11 @@ class Runner(Protocol):
     def stop(self) -> None: ...
 
 
+def host_name(host: str) -> str:
+    """The machine a Docker host URL names: `ssh://user@spark-1:22` -> `spark-1`."""
+    return host.split("://")[-1].split("@")[-1].split(":")[0]
+
+
 class DockerRunner:
     """A container through the Docker API of `host` (`ssh://user@spark1`, `unix:///...`, `tcp://...`).
 
@@ -266,7 +271,7 @@ def run_smoke(
     started = datetime.now(UTC).isoformat(timespec="seconds")
     head = runners[0]
     # The head's address for the other nodes' NCCL rendezvous: its hostname unless given.
-    master = master_addr or head.host.split("://")[-1].split("@")[-1].split(":")[0]
+    master = master_addr or host_name(head.host)
     env = {**command.env, **({"PATCHKIT_QUANTPROBE": "1"} if quantprobe else {})}
     name = f"patchkit-smoke-{variant.name}"
     t0 = time.monotonic()

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 from patchkit.variants.definitions import Variant
 from patchkit.variants.smoke.causes import Found, exceptions, find_causes, unexplained_end
-from patchkit.variants.smoke.markers import PHASES, BootMarkers, parse_boot_log
+from patchkit.variants.smoke.markers import BootMarkers, parse_boot_log
 
 # A mean acceptance length this close to 1 means the target rejects (almost) every drafted token.
 _REJECTS_ALL = 1.05
@@ -71,7 +71,7 @@ def judge_log(text: str, variant: Variant | None, quantprobe: bool | None = None
     causes = [c for c in seen if c.definitive] if markers.startup_complete else seen
     excs = exceptions(text)
     if booted and markers.phase != "serving" and not causes:
-        causes = [unexplained_end(text, markers.phase, PHASES[markers.phase], process)]
+        causes = [unexplained_end(text, markers.phase, process)]
     findings = judge_boot(markers, causes, excs, variant, quantprobe, booted=booted)
     findings += [Finding("warn", "memory", f"{c.cause} seen (line {c.line_no}: {c.line}) but the boot survived it")
                  for c in seen if c not in causes]

@@ -96,7 +96,7 @@ MARKERS: tuple[Marker, ...] = (
 )
 MARKER = {m.name: m for m in MARKERS}
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes, stripped before any line is read
 # Draft architectures by the method that loads them (vllm/model_executor/models/registry.py names).
 _DRAFT_ARCH = (("dflash", re.compile(r"DFlash", re.IGNORECASE)), ("eagle", re.compile(r"Eagle", re.IGNORECASE)), ("mtp", re.compile(r"MTP")))
 SPEC_METHODS = ("mtp", "dflash", "eagle", "ngram", "none")
@@ -192,7 +192,7 @@ def parse_boot_log(text: str) -> BootMarkers:
     m = BootMarkers()
     for raw in text.splitlines():
         m.lines += 1
-        line = _ANSI.sub("", raw)
+        line = ANSI.sub("", raw)
         if hit := MARKER["quantprobe"].pattern.search(line):
             m.quantprobe.append(ProbeRow(*hit.groups()))
         for name in ("weights", "weights-day0"):

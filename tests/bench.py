@@ -17,7 +17,7 @@ Patched wheels: `patchkit wheel build` from the cached release wheel against `wh
 Image builds on the realistic base (tests/bench_images.py): the Spark route (`--load`) against a layout
 plus `skopeo copy`, and the daemonless push against `buildah bud`. `--json FILE` writes every number.
 
-    python tests/bench.py [--patches DIR] [--images DIR] [--versions 0.30.0,...] [--repeat N] [--wheels-only]
+    python tests/bench.py [--patches DIR] [--images DIR] [--versions 0.30.0,...] [--repeat N] [--only verify|wheels|images]
                           [--image IMAGE] [--scale 1.0] [--json FILE]
 """
 
@@ -189,16 +189,24 @@ def main() -> None:
     parser.add_argument("--images", type=Path, default=REPO / "images")
     parser.add_argument("--versions", default="0.30.0,0.31.0,0.32.0,0.33.0")
     parser.add_argument("--repeat", type=int, default=5, help="warm runs (the best is kept)")
-    parser.add_argument("--wheels-only", action="store_true", help="only the patched-wheel benchmark")
+    parser.add_argument("--only", choices=["verify", "wheels", "images"],
+                        help="one benchmark: verify (and apply), the patched wheel, or the image builds")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write every number here, for CI to keep")
     parser.add_argument("--image", default="glm53-flash-nvfp4-4p67", help="image of the build benchmarks")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="realistic base size (1.0: ~10 GB uncompressed; 0 skips the build benchmarks)")
     args = parser.parse_args()
-    if args.wheels_only:
+    if args.only == "wheels":
         with tempfile.TemporaryDirectory(prefix="patchkit-bench-") as tmp:
             print_rows(bench_wheels(Path(tmp), load_patchset(args.patches).series(), PINNED_VLLM,
                                     min(args.repeat, 3)))
+        return
+    if args.only == "images":
+        from bench_images import images_bench
+
+        report = {"machine": {"cores": os.cpu_count(), "load": os.getloadavg()}}
+        report["images"], report["goals"] = images_bench(args.image, args.scale)
+        write_report(report, args.json)
         return
 
     versions = args.versions.split(",")
@@ -279,7 +287,7 @@ def main() -> None:
                                     3, "apply-cold")
         apply_warm, _ = timed(lambda: apply_patchkit(cache), args.repeat, "apply-warm")
         apply_obv, _ = timed(apply_obvious, 1, "apply-obvious")
-        wheel_rows = bench_wheels(tmp, series, pinned, min(args.repeat, 3))
+        wheel_rows = bench_wheels(tmp, series, pinned, min(args.repeat, 3)) if args.only is None else []
 
     n = len(versions)
     print(f"patchkit bench: {len(patchset.order)} patches, {len(images)} series, vLLM {', '.join(versions)}")
@@ -319,14 +327,18 @@ def main() -> None:
               "timings": {key: {"wall_s": round(seconds, 4), "cpu_s": round(CPU[key], 4)}
                           for key, _, seconds, _ in rows}}
     report["goals"] = verify_goals(report["timings"], n)
-    if args.scale > 0:
+    if args.scale > 0 and args.only is None:
         from bench_images import images_bench
 
         report["images"], image_goals = images_bench(args.image, args.scale)
         report["goals"].update(image_goals)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_report(report, args.json)
+
+
+def write_report(report: dict, path: Path | None) -> None:
+    if path:
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {path}")
 
 
 def verify_goals(timings: dict, n: int) -> dict:

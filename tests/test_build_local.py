@@ -6,6 +6,7 @@ label only for a URL people can open, the creation time from the commit when SOU
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -114,7 +115,37 @@ def _drift(data: bytes, anchor: str) -> bytes:
 
 
 @pytest.mark.registry
-def test_load_asserts_every_anchor_on_the_engine_copy(registry_server, client, podman, tmp_path):
+def test_a_rebuild_on_the_same_base_asks_the_engine_for_nothing(realistic, client, podman, tmp_path):
+    ref, _ = realistic
+    first = run(tmp_path, base=ref, load=True, engine_url=podman).built
+    assert first.prepared.source.requests > 10 and first.prepared.source.containers >= 1
+
+    def files(loaded):
+        return [(f.path, f.data, f.mode, f.uid, f.gid) for f in loaded.prepared.files]
+
+    again = run(tmp_path, base=ref, load=True, engine_url=podman).built
+    source = again.prepared.source
+    assert (source.requests, source.received, source.containers) == (0, 0, 0), "no container, no request"
+    assert files(again) == files(first) and again.prepared.versions == first.prepared.versions
+    assert again.transferred < 1 << 20
+
+    # A damaged cache entry is found by its sha256 and read again from the engine, alone.
+    blobs = sorted((tmp_path / "cache" / "files" / "blobs").rglob("*"), key=lambda p: p.stat().st_size)
+    blob = next(b for b in blobs if b.is_file() and b.stat().st_size > 1000)
+    blob.write_bytes(b"# not what the engine holds\n" + blob.read_bytes())
+    healed = run(tmp_path, base=ref, load=True, engine_url=podman).built
+    assert healed.prepared.source.requests == 1 and files(healed) == files(first)
+
+    # So is a listing nobody could have written: every record unreadable, every file asked for again.
+    (listing,) = (tmp_path / "cache" / "files" / "archives").glob("engine-image-*/members.json")
+    listing.write_text(json.dumps({path: "file rwx root" for path in json.loads(listing.read_text())}))
+    reread = run(tmp_path, base=ref, load=True, engine_url=podman).built
+    assert reread.prepared.source.requests == first.prepared.source.requests and files(reread) == files(first)
+    assert not client.containers.list(all=True), "every container made to read from is gone"
+
+
+@pytest.mark.registry
+def test_load_asserts_every_anchor_on_the_engine_copy(registry_server, realistic, client, podman, tmp_path):
     from patchkit.patching.patchset import load_patchset
 
     patchset = load_patchset(os.path.join(os.path.dirname(__file__), "..", "patches"))
@@ -123,11 +154,13 @@ def test_load_asserts_every_anchor_on_the_engine_copy(registry_server, client, p
     drifted = make_base(vllm_sdist(), tmp_path / "drifted",
                         edit=lambda rel, data: _drift(data, edit.anchor) if rel == f"vllm/{target}" else data)
     ref = push_base(drifted, registry_server.host, "drift/local")
+    # the same cache holds an intact base's files first: a base's files never answer for another base
+    run(tmp_path, base=realistic[0], load=True, engine_url=podman)
     client.api.pull(f"{registry_server.host}/drift/local", tag=drifted["index"], platform="linux/arm64")
     before = {i.id for i in client.images.list()}
     with pytest.raises(PatchFailed) as info:
         build("glm53-flash-nvfp4", base=ref, load=True, engine_url=podman, quiet=True, revision=REVISION,
-              source_url=SOURCE, epoch=EPOCH)
+              source_url=SOURCE, epoch=EPOCH, cache=tmp_path / "cache")
     assert "pool-topk-init" in str(info.value) and "anchor expected" in str(info.value)
     assert {i.id for i in client.images.list()} == before, "nothing was built"
     assert not client.containers.list(all=True), "the container the files were read from is gone"

@@ -41,6 +41,7 @@ from patchkit.images.prepare import CARRIED, SKIPPABLE, PatchedFile, Prepared, p
 from patchkit.oci.media import Platform
 from patchkit.oci.progress import Progress, Quiet, RichProgress
 from patchkit.patching.patchset import load_patchset
+from patchkit.sources.cache import FileCache, default_cache_root
 
 REPO_ROOT = CHECKOUT
 # Names other modules and tests import from here (the module was split along these seams).
@@ -86,7 +87,8 @@ def build(image_name: str, *, base: str | None = None, output: Path | str | None
     """`patchkit build IMAGE`: daemonless by default; `load=True` builds into the local engine from its
     copy of the base; `engine=True` builds FROM the registry base through a Docker-API engine.
 
-    `output` defaults to build/oci/<image> when nothing is pushed; `push` refs without a tag get the
+    `cache` is the build's cache directory: base blobs, and the local route's engine reads in its files/
+    (default: the user cache's oci/ and files/). `output` defaults to build/oci/<image> when nothing is pushed; `push` refs without a tag get the
     computed `<vllm-version>-<series-hash>` tag. `dry_run` prints what would change and writes nothing.
     """
     progress: Progress = Quiet() if quiet else RichProgress(console)
@@ -98,7 +100,12 @@ def build(image_name: str, *, base: str | None = None, output: Path | str | None
         if local is not None:
             progress.note(f"route: local engine (base {local.image_id[:19]} is in the engine; only the patched "
                           "files move)")
-            prepared = prepare_local(image, patchset, client, local, explicit=base is not None)
+            files = FileCache(cache / "files" if cache else default_cache_root() / "files")
+            prepared = prepare_local(image, patchset, client, local, explicit=base is not None, cache=files)
+            source = prepared.source
+            progress.note(f"read the base's files: {source.requests} from the engine ({source.received} bytes), "
+                          "the rest from the cache of this base" if source.requests else
+                          "read the base's files from the cache of this base (the engine was asked for none)")
             loaded = build_local(prepared, client, push=push, epoch=epoch, revision=revision,
                                  source_url=source_url, progress=progress)
             progress.note(f"loaded {loaded.local_tag} ({loaded.image_id[:19]}; {loaded.transferred} bytes "

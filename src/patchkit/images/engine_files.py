@@ -1,0 +1,246 @@
+"""`ContainerSource`: the `patchkit.sources.Source` protocol over the local engine's copy of a base image.
+
+Files are read out of created, never started, containers of the base (`GET /containers/{id}/archive`,
+one request per file: kilobytes, not the image). Nothing runs in them: an arm64 base reads the same on
+any host. Each request is slow in the engine (podman 4 re-executes itself into the container's root for
+every one: ~0.2 s here; a 404 is ~0.04 s) and an engine serialises requests on one container, so the
+reads spread over a few containers, one request each at a time.
+
+What was read is kept in the on-disk member cache (`sources.cache.FileCache`, content-addressed and
+checked on every read) under the base's image id. An image id is the digest of the image's config, which
+names the digest of every layer, so the files at a path under one id never change: a rebuild on the same
+base (another variant, a new series) asks the engine for nothing and creates no container. Absent paths
+and each file's mode and owner are kept in the same key's listing.
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import queue
+import re
+import tarfile
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from packaging.utils import canonicalize_name
+
+from patchkit.errors import PatchkitError
+from patchkit.oci.layer import Member, normalize
+from patchkit.oci.source import PackagePaths, PackageRoot
+from patchkit.sources.cache import FileCache
+
+VERSION_MODULES = {"vllm": "_version.py", "flashinfer": "_build_meta.py"}
+_VERSION_RE = re.compile(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", re.M)
+READERS = 4          # containers read at once: the engine serialises requests on each one
+ABSENT = "absent"
+
+
+def cache_key(image_id: str) -> str:
+    """The member cache's key for an engine image: its id's hex digest (ids are `sha256:<hex>`)."""
+    digest = image_id.removeprefix("sha256:")
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise PatchkitError(f"the engine named the base image {image_id!r}, which is not a sha256 image id")
+    return f"engine-image-{digest}"
+
+
+class ContainerSource(PackagePaths):
+    """The base's files as the engine holds them: from the member cache, else from containers of it."""
+
+    def __init__(self, client, base, packages: Iterable[PackageRoot], cache: FileCache):
+        self.client, self.base, self.cache = client, base, cache
+        self.packages = {p.name: p for p in packages}
+        self.received = 0                                               # bytes read from the engine
+        self.requests = 0                                               # archive requests sent to it
+        self.containers = 0                                             # containers created to read from
+        self.description = f"{base.name} ({base.image_id[:19]}) in the local engine"
+        self._key = cache_key(base.image_id)
+        self._listing = cache.listing(self._key) or {}                  # image path -> "absent" | "file M U G"
+        self._files: dict[str, tuple[Member, bytes] | None] = {}        # image path -> (entry, bytes)
+        self._lock = threading.Lock()
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()             # created containers not reading now
+        self._created: list = []
+        self._making = 0
+
+    # -- the Source protocol ----------------------------------------------------------------------------
+    def read(self, package: str, path: str) -> bytes | None:
+        name = self._path(package, path)
+        found = self._fetch("/" + name) if name else None
+        return found[1] if found else None
+
+    def prefetch(self, files: Iterable[tuple[str, str]]) -> None:
+        """Everything the series may name, each version module and each declared version's METADATA:
+        cached ones first, the rest from the engine over READERS containers at once."""
+        names = {"/" + n for package, path in files if (n := self._path(package, path))}
+        names |= {"/" + normalize(f"{p.root}/{m}") for p in self.packages.values()
+                  if (m := VERSION_MODULES.get(p.name))}
+        names |= {self._metadata_path(p, p.declared) for p in self.packages.values() if p.declared}
+        missing = []
+        for name in sorted(names):
+            found = self._cached(name)
+            if found is None:
+                missing.append(name)
+            else:
+                self._files[name] = found or None
+        if missing:
+            with ThreadPoolExecutor(max_workers=min(READERS, len(missing))) as pool:
+                list(pool.map(self._fetch, missing))
+        self._remember()
+
+    def meta(self, image_path: str) -> Member | None:
+        found = self._fetch(image_path)
+        return found[0] if found else None
+
+    def pycache(self, package: str, path: str) -> list[str]:
+        """None listed: listing `__pycache__` would move every pyc in it; the stubs cover the names the
+        image's interpreter uses (images.prepare.bytecode_names)."""
+        return []
+
+    def close(self) -> None:
+        """Remove the containers made (also when the build failed), then keep what was learnt."""
+        import docker
+
+        try:
+            for container in self._created:
+                try:
+                    container.remove(force=True)
+                except docker.errors.NotFound:
+                    pass
+                except docker.errors.APIError as exc:
+                    raise PatchkitError(f"the engine did not remove container {container.id[:12]} (made to read "
+                                        f"{self.base.spec}): {exc.explanation or exc}; remove it with "
+                                        f"`docker rm -f {container.id[:12]}`") from None
+        finally:
+            self._created.clear()
+            self._remember()
+
+    # -- reading ------------------------------------------------------------------------------------------
+    def _fetch(self, name: str) -> tuple[Member, bytes] | None:
+        with self._lock:
+            if name in self._files:
+                return self._files[name]
+        found = self._cached(name)
+        if found is None:
+            found = self._from_engine(name)
+        with self._lock:
+            self._files[name] = found or None
+        return found or None
+
+    def _cached(self, name: str):
+        """(Member, bytes), False for a path known absent, None when the cache does not know it (or its
+        record or blob is damaged: then it is read again)."""
+        record = self._listing.get(name)
+        if record == ABSENT:
+            return False
+        try:
+            kind, mode, uid, gid = record.split(" ")
+            mode, uid, gid = int(mode, 8), int(uid), int(gid)
+        except (AttributeError, ValueError):
+            return None
+        data = self.cache.get(self._key, name) if kind == "file" else None
+        if data is None:
+            return None
+        return Member(normalize(name), "file", mode, uid, gid, len(data)), data
+
+    def _from_engine(self, name: str) -> tuple[Member, bytes] | None:
+        import docker
+
+        container = self._container()
+        try:
+            chunks, _ = container.get_archive(name)
+            raw = b"".join(chunks)
+        except docker.errors.NotFound:
+            raw = None
+        except docker.errors.APIError as exc:
+            raise PatchkitError(f"the engine cannot read {name} from {self.base.spec}: {exc.explanation or exc}"
+                                ) from None
+        finally:
+            self._idle.put(container)
+        with self._lock:
+            self.requests += 1
+            self.received += len(raw or b"")
+        if raw is None:
+            with self._lock:
+                self._listing[name] = ABSENT
+            return None
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+            info = tar.next()
+            if info is None:
+                raise PatchkitError(f"the engine sent an empty archive for {name}")
+            if not info.isreg():
+                kind = "directory" if info.isdir() else "link" if info.issym() or info.islnk() else "special file"
+                raise PatchkitError(f"{self.base.spec}: {name} is a {kind}; patchkit reads and patches regular "
+                                    "files only")
+            data = tar.extractfile(info).read()
+        self.cache.put(self._key, name, data)
+        with self._lock:
+            self._listing[name] = f"file {info.mode:o} {info.uid} {info.gid}"
+        return Member(normalize(name), "file", info.mode, info.uid, info.gid, info.size), data
+
+    def _container(self):
+        """An idle container of the base; a new one while fewer than READERS were made (prefetch runs at
+        most READERS readers, so a reader that finds none idle and none to make always gets one back)."""
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            make = len(self._created) + self._making < READERS
+            self._making += make
+        if not make:
+            return self._idle.get()
+        import docker
+
+        try:
+            container = self.client.containers.create(self.base.image_id, command=["/patchkit-never-runs"],
+                                                      entrypoint=[], network_disabled=True)
+        except docker.errors.APIError as exc:
+            raise PatchkitError(f"the engine cannot create a container of {self.base.spec} to read its files: "
+                                f"{exc.explanation or exc}") from None
+        finally:
+            with self._lock:
+                self._making -= 1
+        with self._lock:
+            self._created.append(container)
+            self.containers += 1
+        return container
+
+    def _remember(self) -> None:
+        """Write what this build learnt to the cache's listing (merged with what other builds wrote)."""
+        with self._lock:
+            known = dict(self._listing)
+        on_disk = self.cache.listing(self._key) or {}
+        if not known.items() <= on_disk.items():
+            self.cache.put_listing(self._key, {**on_disk, **known})
+
+    # -- versions -----------------------------------------------------------------------------------------
+    def _metadata_path(self, pkg: PackageRoot, version: str) -> str:
+        site = posixpath.dirname("/" + normalize(pkg.root))
+        return f"{site}/{canonicalize_name(pkg.distribution).replace('-', '_')}-{version}.dist-info/METADATA"
+
+    def _version(self, pkg) -> str | None:
+        """From the package's own version module (vLLM's `_version.py`, FlashInfer's `_build_meta.py`),
+        confirmed by the `<dist>-<version>.dist-info/METADATA` beside it: listing site-packages through the
+        engine would move all of it."""
+        module = VERSION_MODULES.get(pkg.name)
+        stated = None
+        if module and (found := self._fetch("/" + normalize(f"{pkg.root}/{module}"))):
+            m = _VERSION_RE.search(found[1].decode("utf-8", "replace"))
+            stated = m.group(1) if m else None
+        version = pkg.declared or stated
+        if version is None:
+            if self._fetch("/" + normalize(f"{pkg.root}/__init__.py")) is None and not pkg.required:
+                return None
+            raise PatchkitError(f"{self.base.spec}: the {pkg.name} version is unknown (no {module} stating "
+                                "__version__ and no version in the image file)")
+        metadata = self._fetch(self._metadata_path(pkg, version))
+        if metadata is None:
+            raise PatchkitError(f"{self.base.spec}: no {self._metadata_path(pkg, version)}, so the {pkg.name} "
+                                "version in this base is not confirmed")
+        actual = next((line.split(":", 1)[1].strip() for line in metadata[1].decode("utf-8", "replace").splitlines()
+                       if line.startswith("Version:")), None)
+        if actual != version or (stated is not None and stated != version):
+            raise PatchkitError(f"{self.base.spec}: {pkg.distribution} versions disagree: image file "
+                                f"{pkg.declared}, {module} {stated}, METADATA {actual}")
+        return version

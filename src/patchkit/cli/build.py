@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from patchkit.cli.common import console, default_dir, err_console, json_option, patches_option
+from patchkit.cli.common import console, err_console, images_home, json_option, patches_option
 
 
 @click.command("build")
@@ -33,8 +33,8 @@ def build_cmd(image, base, push, output, dry_run, engine, load, engine_url, resu
 
     result = build(
         image, base=base, push=push, output=output, dry_run=dry_run, engine=engine, load=load, engine_url=engine_url,
-        images_dir=default_dir("images", "PATCHKIT_IMAGES"),
-        patches_dir=patches_dir or default_dir("patches", "PATCHKIT_PATCHES"),
+        images_dir=images_home(),
+        patches_dir=patches_dir,
         revision=revision, source_url=source_url, console=err_console,
     )
     summary = result.summary()
@@ -80,8 +80,8 @@ def mirrors_cmd(prefix, image, patches_dir):
     from patchkit.images.definitions import load_images, mirrors
     from patchkit.patching.patchset import load_patchset
 
-    patchset = load_patchset(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"))
-    images = load_images(default_dir("images", "PATCHKIT_IMAGES"), patchset)
+    patchset = load_patchset(patches_dir)
+    images = load_images(images_home(), patchset)
     for source, mirror in mirrors(images, prefix, image):
         click.echo(f"{source} {mirror}")
 

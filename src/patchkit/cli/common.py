@@ -12,22 +12,16 @@ import click
 from packaging.version import InvalidVersion, Version
 from rich.console import Console
 
+# The shared options live in a light module of their own (cli.options); commands take them from here too.
+from patchkit.cli.options import (  # noqa: F401
+    assume_option, default_dir, images_home, images_option, json_option, patches_home, patches_option,
+    series_option,
+)
 from patchkit.errors import INTERNAL_ERROR_EXIT, PatchFailed, PatchkitError
 from patchkit.patching.patchset import PatchSet, load_patchset
 
 console = Console()
 err_console = Console(stderr=True)
-from patchkit import CHECKOUT as REPO_ROOT  # noqa: E402
-
-
-def default_dir(name: str, env: str) -> Path:
-    """patches/ and images/ of this checkout, overridable for installed copies and tests."""
-    if os.environ.get(env):
-        return Path(os.environ[env])
-    for base in (Path.cwd(), REPO_ROOT):
-        if (base / name).is_dir():
-            return base / name
-    return Path.cwd() / name
 
 
 def load_series(patches_dir: Path, series: str | None) -> tuple[PatchSet, list]:
@@ -39,7 +33,7 @@ def load_series(patches_dir: Path, series: str | None) -> tuple[PatchSet, list]:
         load_images,  # images depend on the patch model, not the other way round
     )
 
-    images_dir = default_dir("images", "PATCHKIT_IMAGES")
+    images_dir = images_home()
     if not (images_dir / series / "image.toml").is_file():
         names = sorted(p.parent.name for p in images_dir.glob("*/image.toml"))
         raise PatchkitError(f"unknown series {series!r}: use 'full' or an image name ({', '.join(names) or 'none'})")
@@ -130,14 +124,5 @@ def _json_failure(code: int, kind: str, message: str) -> None:
                           indent=2, sort_keys=True))
 
 
-series_option = click.option("--series", default=None, help="'full' (default) or an image name whose series to use.")
-patches_option = click.option(
-    "--patches", "patches_dir", type=click.Path(path_type=Path), default=None, help="Patch set directory."
-)
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-assume_option = click.option(
-    "--assume-version", "assumed", multiple=True, metavar="PKG=VER",
-    help="Treat a package as this release (e.g. a dev-build base: vllm=0.30.0).",
-)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from patchkit.cli.common import console, default_dir, json_option
+from patchkit.cli.common import console, images_home, json_option, patches_home
 from patchkit.errors import PatchkitError
 
 QUANTPROBE_PATCH = "quantprobe"
@@ -28,8 +28,8 @@ def image_series(image_name: str) -> tuple[str, ...]:
     from patchkit.images.definitions import load_image
     from patchkit.patching.patchset import load_patchset
 
-    patchset = load_patchset(default_dir("patches", "PATCHKIT_PATCHES"))
-    return load_image(default_dir("images", "PATCHKIT_IMAGES"), image_name, patchset).series
+    patchset = load_patchset(patches_home())
+    return load_image(images_home(), image_name, patchset).series
 
 
 def image_carries_quantprobe(image_name: str) -> bool:
@@ -84,7 +84,7 @@ def doctor(log, variant, quantprobe, booted, as_json):
     from patchkit.variants.smoke.judge import judge_log
 
     # Unknown by default: every image carries the patch, but only the live smoke knows the switch was on.
-    chosen = find_variant(variant, default_dir("images", "PATCHKIT_IMAGES")) if variant else None
+    chosen = find_variant(variant, images_home()) if variant else None
     verdict = judge_log(_read(log), chosen, quantprobe, booted=booted)
     if as_json:
         click.echo(json.dumps({"log": log, "variant": chosen.name if chosen else None, **verdict.to_dict()}, indent=2))

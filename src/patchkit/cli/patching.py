@@ -16,7 +16,6 @@ from patchkit import PINNED_SOURCES
 from patchkit.cli.common import (
     assume_option,
     console,
-    default_dir,
     emit,
     err_console,
     json_option,
@@ -37,7 +36,7 @@ from patchkit.patching.patchset import load_patchset
 @json_option
 def list_cmd(patches_dir, series, as_json):
     """The patches of a series, in application order, with their provenance."""
-    _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
+    _, patches = load_series(patches_dir, series)
     rows = [
         {
             "id": p.id,
@@ -91,7 +90,7 @@ source_option = click.option(
 @json_option
 def check(sources, patches_dir, series, assumed, as_json):
     """Does the series apply to SRC? Every anchor asserted; nothing written."""
-    _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
+    _, patches = load_series(patches_dir, series)
     with _open(sources) as source:
         plan = planner.plan(patches, source, versions=parse_assumed(assumed))
     refuse_if_out_of_every_range(plan)
@@ -107,7 +106,7 @@ def check(sources, patches_dir, series, assumed, as_json):
 @assume_option
 def diff(sources, patches_dir, series, assumed):
     """The unified diff of the series against SRC, for review or an upstream pull request."""
-    _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
+    _, patches = load_series(patches_dir, series)
     with _open(sources) as source:
         plan = planner.plan(patches, source, versions=parse_assumed(assumed))
     plan.raise_for_errors()
@@ -141,7 +140,7 @@ def _locked(target: Path, wait: float):
 def _run_on_target(target, patches_dir, series, assumed, as_json, wait, *, mode: str, done: planner.State,
                    done_label: str, nothing: str) -> None:
     """Plan `mode` on the tree, write only when every patch is whole, report, exit 0/1."""
-    _, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
+    _, patches = load_series(patches_dir, series)
     versions = parse_assumed(assumed)
     with _locked(target, wait) as (locked, source):
         plan = planner.plan(patches, source, mode=mode, versions=versions)
@@ -173,7 +172,7 @@ def revert(target, patches_dir, series, assumed, as_json, wait):
 @target_command
 def status(target, patches_dir, series, assumed, as_json, wait):
     """Per-patch state of a tree, read from its text."""
-    patchset, patches = load_series(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"), series)
+    patchset, patches = load_series(patches_dir, series)
     versions = parse_assumed(assumed)
     with _locked(target, wait) as (_, source):
         plan = planner.plan(patches, source, versions=versions)
@@ -194,7 +193,7 @@ def upstream(patches_dir, write):
     """UPSTREAM.md from the patch metadata (printed, or written with --write)."""
     from patchkit.patching.upstream import render
 
-    patches_dir = patches_dir or default_dir("patches", "PATCHKIT_PATCHES")
+    patches_dir = patches_dir
     text = render(load_patchset(patches_dir))
     if write:
         (patches_dir.parent / "UPSTREAM.md").write_text(text)

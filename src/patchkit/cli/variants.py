@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from patchkit.cli.common import console, default_dir, err_console, json_option, load_series
+from patchkit.cli.common import console, err_console, images_home, json_option, load_series, patches_home
 from patchkit.errors import PatchkitError
 
 pin_options = [
@@ -40,7 +40,7 @@ def preflight(path, variant, tp, pin_config, pin_index, as_json):
     from patchkit.variants.definitions import find_variant
     from patchkit.variants.preflight import preflight as run
 
-    images = default_dir("images", "PATCHKIT_IMAGES")
+    images = images_home()
     report_ = run(path, variant=find_variant(variant, images) if variant else None, tp=tp,
                   pin_config=pin_config, pin_index=pin_index, images_dir=images, series_of=image_series)
     if as_json:
@@ -62,7 +62,7 @@ def serve_args_cmd(variant, checkpoint, model, pin_config, pin_index, as_json):
     from patchkit.variants.definitions import find_variant
     from patchkit.variants.serve import serve_args
 
-    command = serve_args(find_variant(variant, default_dir("images", "PATCHKIT_IMAGES")), checkpoint,
+    command = serve_args(find_variant(variant, images_home()), checkpoint,
                          pin_config, pin_index, model)
     click.echo(command.to_json() if as_json else command.shell())
     if not command.complete:
@@ -91,7 +91,7 @@ def smoke(variants, cpu, hosts, image, checkpoint, hf_cache, url, receipt, keep,
     """Prove a variant loads: --cpu here (stock vs patched vLLM), or on real hosts with --host."""
     from patchkit.variants.definitions import find_variant
 
-    images = default_dir("images", "PATCHKIT_IMAGES")
+    images = images_home()
     chosen = [find_variant(v, images) for v in variants]
     if cpu == bool(hosts):
         raise PatchkitError("give either --cpu or at least one --host")
@@ -112,7 +112,7 @@ def _smoke_cpu(variants, vllm_python, workdir, series, as_json) -> bool:
     python = vllm_python or sys.executable
     work = Path(workdir or tempfile.mkdtemp(prefix="patchkit-smoke-"))
     installed = installed_package("vllm", python)
-    patches_dir = default_dir("patches", "PATCHKIT_PATCHES")
+    patches_dir = patches_home()
     reports = []
     for variant in variants:
         _, patches = load_series(patches_dir, series or variant.image)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import click
 
 from patchkit import PINNED_VLLM
+from patchkit.cli.options import images_option, json_option, patches_option
 
 
 @click.command("verify")
@@ -28,10 +28,9 @@ from patchkit import PINNED_VLLM
               help="With --git: a branch or commit to check as well (repeatable), e.g. main.")
 @click.option("--with", "with_sources", multiple=True, metavar="SRC",
               help="A further source combined with every version, e.g. flashinfer-python==0.7.2.post1.")
-@click.option("--patches", "patches_dir", type=click.Path(path_type=Path), default=None, help="Patch set directory.")
-@click.option("--images", "images_dir", type=click.Path(path_type=Path), default=None,
-              help="Image definitions directory (none there: the full series stands alone).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@patches_option
+@images_option  # none there: the full series stands alone
+@json_option
 @click.option("--markdown", is_flag=True, help="GitHub-flavoured Markdown (a CI job summary, an issue body).")
 def verify_command(versions, git_location, tag_globs, refs, with_sources, patches_dir, images_dir, as_json, markdown):
     """Each image's series against upstream vLLM versions: a matrix patch x version.
@@ -41,7 +40,6 @@ def verify_command(versions, git_location, tag_globs, refs, with_sources, patche
     """
     from rich.console import Console
 
-    from patchkit.cli.common import default_dir
     from patchkit.errors import PatchkitError
     from patchkit.patching.patchset import load_patchset
     from patchkit.sources import open_source
@@ -54,8 +52,8 @@ def verify_command(versions, git_location, tag_globs, refs, with_sources, patche
     if (tag_globs or refs) and not git_location:
         raise click.UsageError("--tags and --ref need --git PATH_OR_URL")
     wanted = parse_versions(versions)
-    patchset = load_patchset(patches_dir or default_dir("patches", "PATCHKIT_PATCHES"))
-    image_series = load_image_series(images_dir or default_dir("images", "PATCHKIT_IMAGES"), patchset)
+    patchset = load_patchset(patches_dir)
+    image_series = load_image_series(images_dir, patchset)
     if git_location:
         targets = git_targets(git_location, tag_globs or ("v*",), refs, wanted)
     else:

@@ -14,7 +14,7 @@ import click
 from patchkit import PINNED_VLLM
 from patchkit.cli.common import (
     console,
-    default_dir,
+    images_home,
     err_console,
     json_option,
     load_series,
@@ -43,8 +43,8 @@ def build_cmd(version, series_names, platforms, output, patches_dir, as_json):
     from patchkit.wheels.build import build_wheel
     from patchkit.wheels.release import release_wheel
 
-    patches_dir = patches_dir or default_dir("patches", "PATCHKIT_PATCHES")
-    images = default_dir("images", "PATCHKIT_IMAGES")
+    patches_dir = patches_dir
+    images = images_home()
     names = series_names or tuple(sorted(p.parent.name for p in images.glob("*/image.toml")))
     built = []
     for arch in platforms or ARCHES:

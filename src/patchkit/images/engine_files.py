@@ -37,12 +37,13 @@ READERS = 4          # containers read at once: the engine serialises requests o
 ABSENT = "absent"
 
 
-def cache_key(image_id: str) -> str:
-    """The member cache's key for an engine image: its id's hex digest (ids are `sha256:<hex>`)."""
+def cache_key(image_id: str, platform) -> str:
+    """The member cache's key for an engine image: its id's hex digest (ids are `sha256:<hex>`) and the
+    platform read (Docker's containerd image store names a multi-platform image by its index digest)."""
     digest = image_id.removeprefix("sha256:")
     if not re.fullmatch(r"[0-9a-f]{64}", digest):
         raise PatchkitError(f"the engine named the base image {image_id!r}, which is not a sha256 image id")
-    return f"engine-image-{digest}"
+    return f"engine-image-{digest}-{str(platform).replace('/', '-')}"
 
 
 class ContainerSource(PackagePaths):
@@ -55,7 +56,7 @@ class ContainerSource(PackagePaths):
         self.requests = 0                                               # archive requests sent to it
         self.containers = 0                                             # containers created to read from
         self.description = f"{base.name} ({base.image_id[:19]}) in the local engine"
-        self._key = cache_key(base.image_id)
+        self._key = cache_key(base.image_id, base.platform)
         self._listing = cache.listing(self._key) or {}                  # image path -> "absent" | "file M U G"
         self._files: dict[str, tuple[Member, bytes] | None] = {}        # image path -> (entry, bytes)
         self._lock = threading.Lock()
@@ -194,7 +195,8 @@ class ContainerSource(PackagePaths):
 
         try:
             container = self.client.containers.create(self.base.image_id, command=["/patchkit-never-runs"],
-                                                      entrypoint=[], network_disabled=True)
+                                                      entrypoint=[], network_disabled=True,
+                                                      platform=str(self.base.platform))
         except docker.errors.APIError as exc:
             raise PatchkitError(f"the engine cannot create a container of {self.base.spec} to read its files: "
                                 f"{exc.explanation or exc}") from None

@@ -9,8 +9,10 @@ reads spread over a few containers, one request each at a time.
 What was read is kept in the on-disk member cache (`sources.cache.FileCache`, content-addressed and
 checked on every read) under the base's image id. An image id is the digest of the image's config, which
 names the digest of every layer, so the files at a path under one id never change: a rebuild on the same
-base (another variant, a new series) asks the engine for nothing and creates no container. Absent paths
-and each file's mode and owner are kept in the same key's listing.
+base (another variant, a new series) asks the engine for nothing and creates no container. What is kept
+is the engine's own archive of each file, so its mode and owner are as checked as its bytes; the key's
+listing adds the paths found absent. A cache can only make a build faster, never make it fail: a plan
+that fails on anything the cache answered is made again from the engine alone (images.local).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+import requests
 from packaging.utils import canonicalize_name
 
 from patchkit.errors import PatchkitError
@@ -31,10 +34,15 @@ from patchkit.oci.layer import Member, normalize
 from patchkit.oci.source import PackagePaths, PackageRoot
 from patchkit.sources.cache import FileCache
 
+# What a transport raises when the engine stops answering (requests' errors; OSError by socket)
+ENGINE_GONE = (requests.exceptions.RequestException, OSError)
+
 VERSION_MODULES = {"vllm": "_version.py", "flashinfer": "_build_meta.py"}
 _VERSION_RE = re.compile(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", re.M)
 READERS = 4          # containers read at once: the engine serialises requests on each one
-ABSENT = "absent"
+ABSENT, PRESENT = "absent", "present"
+READ_ATTEMPTS = 3    # an engine error on a read is retried on a new container (_get_archive)
+GO_MODE_SYMLINK = 1 << 27    # os.ModeSymlink in the engine's path-stat header (Go's FileMode bits)
 
 
 def cache_key(image_id: str, platform) -> str:
@@ -49,15 +57,17 @@ def cache_key(image_id: str, platform) -> str:
 class ContainerSource(PackagePaths):
     """The base's files as the engine holds them: from the member cache, else from containers of it."""
 
-    def __init__(self, client, base, packages: Iterable[PackageRoot], cache: FileCache):
+    def __init__(self, client, base, packages: Iterable[PackageRoot], cache: FileCache, *, trust_cache: bool = True):
         self.client, self.base, self.cache = client, base, cache
         self.packages = {p.name: p for p in packages}
         self.received = 0                                               # bytes read from the engine
         self.requests = 0                                               # archive requests sent to it
         self.containers = 0                                             # containers created to read from
+        self.from_cache = 0                                             # answers the cache gave
         self.description = f"{base.name} ({base.image_id[:19]}) in the local engine"
         self._key = cache_key(base.image_id, base.platform)
-        self._listing = cache.listing(self._key) or {}                  # image path -> "absent" | "file M U G"
+        self._trust = trust_cache                                       # False: read all, refresh the cache
+        self._listing = (cache.listing(self._key) or {}) if trust_cache else {}   # path -> ABSENT | PRESENT
         self._files: dict[str, tuple[Member, bytes] | None] = {}        # image path -> (entry, bytes)
         self._lock = threading.Lock()
         self._idle: queue.SimpleQueue = queue.SimpleQueue()             # created containers not reading now
@@ -108,6 +118,8 @@ class ContainerSource(PackagePaths):
                     container.remove(force=True)
                 except docker.errors.NotFound:
                     pass
+                except ENGINE_GONE as exc:
+                    raise self._gone("removing the containers it read", exc) from None
                 except docker.errors.APIError as exc:
                     raise PatchkitError(f"the engine did not remove container {container.id[:12]} (made to read "
                                         f"{self.base.spec}): {exc.explanation or exc}; remove it with "
@@ -130,34 +142,54 @@ class ContainerSource(PackagePaths):
 
     def _cached(self, name: str):
         """(Member, bytes), False for a path known absent, None when the cache does not know it (or its
-        record or blob is damaged: then it is read again)."""
-        record = self._listing.get(name)
-        if record == ABSENT:
+        entry is damaged: then it is read again)."""
+        if not self._trust:
+            return None
+        if self._listing.get(name) == ABSENT:
+            self.from_cache += 1
             return False
+        raw = self.cache.get(self._key, name)
         try:
-            kind, mode, uid, gid = record.split(" ")
-            mode, uid, gid = int(mode, 8), int(uid), int(gid)
-        except (AttributeError, ValueError):
-            return None
-        data = self.cache.get(self._key, name) if kind == "file" else None
-        if data is None:
-            return None
-        return Member(normalize(name), "file", mode, uid, gid, len(data)), data
+            found = self._entry(name, raw) if raw is not None else None
+        except PatchkitError:
+            found = None
+        self.from_cache += found is not None
+        return found
+
+    def _entry(self, name: str, raw: bytes) -> tuple[Member, bytes]:
+        """The one regular file in an archive the engine sent for `name`."""
+        try:
+            with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
+                info = tar.next()
+                if info is None:
+                    raise PatchkitError(f"the engine sent an empty archive for {name}")
+                if not info.isreg():
+                    raise PatchkitError(f"{self.base.spec}: {name} is a {_kind(info)}; patchkit reads and patches "
+                                        "regular files only")
+                if posixpath.basename(info.name.rstrip("/")) != posixpath.basename(name):
+                    raise PatchkitError(f"the engine sent {info.name!r} for {name}")
+                data = tar.extractfile(info).read()
+        except tarfile.TarError as exc:
+            raise PatchkitError(f"the engine sent no readable archive for {name} ({exc})") from None
+        return Member(normalize(name), "file", info.mode, info.uid, info.gid, info.size), data
 
     def _from_engine(self, name: str) -> tuple[Member, bytes] | None:
         import docker
 
-        container = self._container()
+        using = [self._container()]               # the container reading (a retry takes a new one)
         try:
-            chunks, _ = container.get_archive(name)
+            chunks, stat = self._get_archive(using, name)
             raw = b"".join(chunks)
         except docker.errors.NotFound:
-            raw = None
+            self._still_there(using[0], name)         # a 404 also answers for a container that is gone
+            raw, stat = None, {}
         except docker.errors.APIError as exc:
             raise PatchkitError(f"the engine cannot read {name} from {self.base.spec}: {exc.explanation or exc}"
                                 ) from None
+        except ENGINE_GONE as exc:
+            raise self._gone(f"reading {name}", exc) from None
         finally:
-            self._idle.put(container)
+            self._idle.put(using[0])
         with self._lock:
             self.requests += 1
             self.received += len(raw or b"")
@@ -165,19 +197,62 @@ class ContainerSource(PackagePaths):
             with self._lock:
                 self._listing[name] = ABSENT
             return None
-        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
-            info = tar.next()
-            if info is None:
-                raise PatchkitError(f"the engine sent an empty archive for {name}")
-            if not info.isreg():
-                kind = "directory" if info.isdir() else "link" if info.issym() or info.islnk() else "special file"
-                raise PatchkitError(f"{self.base.spec}: {name} is a {kind}; patchkit reads and patches regular "
-                                    "files only")
-            data = tar.extractfile(info).read()
-        self.cache.put(self._key, name, data)
+        # The engine follows a final symlink when it archives a path; its path-stat header tells: Docker
+        # names the link's target (else ""), podman the resolved path (the path itself for a plain file).
+        target = (stat or {}).get("linkTarget") or ""
+        if int((stat or {}).get("mode") or 0) & GO_MODE_SYMLINK or target not in ("", name):
+            raise PatchkitError(f"{self.base.spec}: {name} is a symbolic link (to {target!r}); patchkit reads and "
+                                "patches regular files only")
+        found = self._entry(name, raw)
+        self.cache.put(self._key, name, raw)
         with self._lock:
-            self._listing[name] = f"file {info.mode:o} {info.uid} {info.gid}"
-        return Member(normalize(name), "file", info.mode, info.uid, info.gid, info.size), data
+            self._listing[name] = PRESENT
+        return found
+
+    def _get_archive(self, using: list, name: str):
+        """The engine's archive of `name`; an engine error is retried on a new container. podman 4.3, with
+        two builds reading one image at once, now and then cannot mount a container's storage again
+        (`lstat .../merged: no such file or directory`); a new container of the image mounts."""
+        import docker
+
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                return using[0].get_archive(name)
+            except docker.errors.NotFound:
+                raise
+            except docker.errors.APIError:
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+            self._discard(using[0])
+            using[0] = self._container()
+        raise AssertionError("unreachable")
+
+    def _discard(self, container) -> None:
+        import docker
+
+        with self._lock:
+            self._created.remove(container)
+        try:
+            container.remove(force=True)
+        except docker.errors.APIError:
+            pass  # a container the engine cannot remove now is named by no later message: best effort
+
+    def _still_there(self, container, name: str) -> None:
+        import docker
+
+        try:
+            self.client.api.inspect_container(container.id)
+        except docker.errors.NotFound:
+            raise PatchkitError(f"container {container.id[:12]}, made to read {self.base.spec}, was removed while "
+                                f"{name} was being read: nothing was built; run the build again") from None
+        except (docker.errors.APIError, *ENGINE_GONE) as exc:
+            raise self._gone(f"reading {name}", exc) from None
+
+    def _gone(self, doing: str, exc: Exception) -> PatchkitError:
+        left = " ".join(c.id[:12] for c in self._created)
+        return PatchkitError(f"the engine stopped answering while {doing} from {self.base.spec} "
+                             f"({exc.__class__.__name__}): nothing was built"
+                             + (f"; containers it may keep: docker rm -f {left}" if left else ""))
 
     def _container(self):
         """An idle container of the base; a new one while fewer than READERS were made (prefetch runs at
@@ -200,6 +275,8 @@ class ContainerSource(PackagePaths):
         except docker.errors.APIError as exc:
             raise PatchkitError(f"the engine cannot create a container of {self.base.spec} to read its files: "
                                 f"{exc.explanation or exc}") from None
+        except ENGINE_GONE as exc:
+            raise self._gone("creating a container", exc) from None
         finally:
             with self._lock:
                 self._making -= 1
@@ -246,3 +323,7 @@ class ContainerSource(PackagePaths):
             raise PatchkitError(f"{self.base.spec}: {pkg.distribution} versions disagree: image file "
                                 f"{pkg.declared}, {module} {stated}, METADATA {actual}")
         return version
+
+
+def _kind(info: tarfile.TarInfo) -> str:
+    return "directory" if info.isdir() else "link" if info.issym() or info.islnk() else "special file"

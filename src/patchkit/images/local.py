@@ -82,13 +82,21 @@ def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
 
 def prepare_local(image: Image, patchset: PatchSet, client, base: LocalBase, *, explicit: bool,
                   cache: FileCache) -> Prepared:
+    """Plan on the engine's copy of the base. A plan that fails on anything the cache answered is made
+    again from the engine alone (refreshing the cache): a wrong cache entry costs time, never the build,
+    and a failure is only ever reported against what the engine holds."""
     own = is_own_base(image, base.spec if explicit else None, {base.digest})
-    patches = patchset.series(list(image.series))
-    source = ContainerSource(client, base, package_roots(image, patches, own), cache)
-    try:
-        return plan_on(image, patchset, base, source, own=own, spec=base.spec, dirs=False)
-    finally:
-        source.close()
+    roots = package_roots(image, patchset.series(list(image.series)), own)
+    for trust_cache in (True, False):
+        source = ContainerSource(client, base, roots, cache, trust_cache=trust_cache)
+        try:
+            return plan_on(image, patchset, base, source, own=own, spec=base.spec, dirs=False)
+        except PatchkitError:
+            if not source.from_cache:
+                raise
+        finally:
+            source.close()
+    raise AssertionError("unreachable: the second pass trusts no cache")
 
 
 @dataclass

@@ -110,7 +110,8 @@ class Plan:
         failed = [r for r in self.results if not r.ok]
         if failed:
             detail = "\n".join(r.describe() for r in failed)
-            raise PatchFailed(f"{self.source}: {len(failed)} patch(es) cannot be {self.mode}ed:\n{detail}")
+            done = {"apply": "applied", "revert": "reverted"}[self.mode]
+            raise PatchFailed(f"{self.source}: {len(failed)} patch(es) cannot be {done}:\n{detail}")
 
 
 class _Texts:

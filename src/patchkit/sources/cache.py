@@ -149,10 +149,14 @@ class FileCache:
         self.root = root
 
     def listing(self, key: str) -> dict[str, str] | None:
+        """The listing, or None when there is none or it is not an object of strings (then it is rebuilt)."""
         try:
-            return json.loads((self.root / "archives" / key / "members.json").read_text())
+            found = json.loads((self.root / "archives" / key / "members.json").read_text())
         except (OSError, ValueError):
             return None
+        if not isinstance(found, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in found.items()):
+            return None
+        return found
 
     def put_listing(self, key: str, listing: dict[str, str]) -> None:
         atomic_write(self.root / "archives" / key / "members.json", json.dumps(listing).encode())
@@ -160,10 +164,13 @@ class FileCache:
     def get(self, key: str, member: str) -> bytes | None:
         ref = self._ref(key, member)
         try:
-            digest = ref.read_text().split(" ", 1)[0]
+            digest, _, named = ref.read_text().partition(" ")
             blob = self._blob(digest)
             data = blob.read_bytes()
         except (OSError, ValueError):
+            return None
+        if named != member:  # a ref copied from another member's: its blob is intact but not this member
+            ref.unlink(missing_ok=True)
             return None
         if hashlib.sha256(data).hexdigest() != digest:
             blob.unlink(missing_ok=True)

@@ -14,8 +14,7 @@ from rich.console import Console
 
 # The shared options live in a light module of their own (cli.options); commands take them from here too.
 from patchkit.cli.options import (  # noqa: F401
-    assume_option, default_dir, images_home, images_option, json_option, patches_home, patches_option,
-    series_option,
+    assume_option, images_home, json_option, patches_home, patches_option, series_option,
 )
 from patchkit.errors import INTERNAL_ERROR_EXIT, PatchFailed, PatchkitError
 from patchkit.patching.patchset import PatchSet, load_patchset
@@ -122,7 +121,3 @@ class PatchkitGroup(click.Group):
 def _json_failure(code: int, kind: str, message: str) -> None:
     click.echo(json.dumps({"ok": False, "error": {"exit_code": code, "kind": kind, "message": message}},
                           indent=2, sort_keys=True))
-
-
-
-

@@ -193,7 +193,6 @@ def upstream(patches_dir, write):
     """UPSTREAM.md from the patch metadata (printed, or written with --write)."""
     from patchkit.patching.upstream import render
 
-    patches_dir = patches_dir
     text = render(load_patchset(patches_dir))
     if write:
         (patches_dir.parent / "UPSTREAM.md").write_text(text)

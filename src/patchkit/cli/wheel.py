@@ -43,7 +43,6 @@ def build_cmd(version, series_names, platforms, output, patches_dir, as_json):
     from patchkit.wheels.build import build_wheel
     from patchkit.wheels.release import release_wheel
 
-    patches_dir = patches_dir
     images = images_home()
     names = series_names or tuple(sorted(p.parent.name for p in images.glob("*/image.toml")))
     built = []

@@ -88,8 +88,8 @@ def build(image_name: str, *, base: str | None = None, output: Path | str | None
     copy of the base; `engine=True` builds FROM the registry base through a Docker-API engine.
 
     `cache` is the build's cache directory: base blobs, and the local route's engine reads in its files/
-    (default: the user cache's oci/ and files/). `output` defaults to build/oci/<image> when nothing is pushed; `push` refs without a tag get the
-    computed `<vllm-version>-<series-hash>` tag. `dry_run` prints what would change and writes nothing.
+    (default: the user cache's oci/ and files/). `output` defaults to build/oci/<image> when nothing is
+    pushed; `push` refs without a tag get the computed `<vllm-version>-<series-hash>` tag. `dry_run` prints what would change and writes nothing.
     """
     progress: Progress = Quiet() if quiet else RichProgress(console)
     patchset = load_patchset(patches_dir or REPO_ROOT / "patches")

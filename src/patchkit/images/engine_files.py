@@ -81,23 +81,14 @@ class ContainerSource(PackagePaths):
         return found[1] if found else None
 
     def prefetch(self, files: Iterable[tuple[str, str]]) -> None:
-        """Everything the series may name, each version module and each declared version's METADATA:
-        cached ones first, the rest from the engine over READERS containers at once."""
+        """Everything the series may name, each version module and each declared version's METADATA, READERS
+        at once: from the cache, else from the engine (a container is made only for a file the cache lacks)."""
         names = {"/" + n for package, path in files if (n := self._path(package, path))}
         names |= {"/" + normalize(f"{p.root}/{m}") for p in self.packages.values()
                   if (m := VERSION_MODULES.get(p.name))}
         names |= {self._metadata_path(p, p.declared) for p in self.packages.values() if p.declared}
-        missing = []
-        for name in sorted(names):
-            found = self._cached(name)
-            if found is None:
-                missing.append(name)
-            else:
-                self._files[name] = found or None
-        if missing:
-            with ThreadPoolExecutor(max_workers=min(READERS, len(missing))) as pool:
-                list(pool.map(self._fetch, missing))
-        self._remember()
+        with ThreadPoolExecutor(max_workers=READERS) as pool:
+            list(pool.map(self._fetch, sorted(names)))
 
     def meta(self, image_path: str) -> Member | None:
         found = self._fetch(image_path)
@@ -146,14 +137,15 @@ class ContainerSource(PackagePaths):
         if not self._trust:
             return None
         if self._listing.get(name) == ABSENT:
-            self.from_cache += 1
-            return False
-        raw = self.cache.get(self._key, name)
-        try:
-            found = self._entry(name, raw) if raw is not None else None
-        except PatchkitError:
-            found = None
-        self.from_cache += found is not None
+            found = False
+        else:
+            raw = self.cache.get(self._key, name)
+            try:
+                found = self._entry(name, raw) if raw is not None else None
+            except PatchkitError:
+                found = None
+        with self._lock:
+            self.from_cache += found is not None
         return found
 
     def _entry(self, name: str, raw: bytes) -> tuple[Member, bytes]:

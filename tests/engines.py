@@ -2,6 +2,10 @@
 directory of its own), the 127.0.0.1 registries as insecure, stopped by its pid on exit.
 
     with PodmanService(workdir) as url:   # "unix:///.../podman.sock"
+
+And the fixtures of the local-engine tests (tests/test_build_local.py, tests/test_engine_files_faults.py),
+one service per test module: `podman_service`, `podman` (its URL), `client` (a docker SDK client of it),
+`realistic` (the realistic base at SCALE in the test registry and pulled into the engine).
 """
 
 from __future__ import annotations
@@ -11,6 +15,11 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
+from realistic_base import push_layout, realistic_layout
+
+SCALE = 0.001   # the realistic base, scaled down: the real vLLM and FlashInfer files, little filler
 
 
 class PodmanService:
@@ -64,3 +73,40 @@ class PodmanService:
             if mount.startswith(f"{self.root}/"):
                 subprocess.run(["umount", mount], capture_output=True, check=False)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def podman_service(tmp_path_factory):
+    """podman's Docker-API service on a private socket and storage; the test registry as insecure."""
+    if shutil.which("podman") is None:
+        pytest.skip("podman is not installed (apt-get install podman): the --load route is not exercised")
+    service = PodmanService(tmp_path_factory.mktemp("podman"))
+    with service:
+        yield service
+    service.remove_storage()
+
+
+@pytest.fixture(scope="module")
+def podman(podman_service):
+    return podman_service.url
+
+
+@pytest.fixture(scope="module")
+def client(podman):
+    import docker
+
+    return docker.DockerClient(base_url=podman, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def realistic(registry_server, client):
+    """The scaled realistic base in the registry and pulled into the engine: (its pinned reference, layout)."""
+    made = realistic_layout(SCALE)
+    ref = push_layout(made, registry_server.host, "vllm/realistic")
+    client.api.pull(ref.split(":base@")[0], tag=made["manifest"])
+    return ref, made
+
+
+def patched_files(loaded) -> list[tuple]:
+    """A build's patched files as (path, bytes, mode, uid, gid), for comparing two builds."""
+    return [(f.path, f.data, f.mode, f.uid, f.gid) for f in loaded.prepared.files]

@@ -8,14 +8,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import tarfile
 from contextlib import contextmanager
 
 import git
 import pytest
-from engines import PodmanService
-from realistic_base import push_layout, realistic_layout
+from engines import client, patched_files, podman, podman_service, realistic  # noqa: F401
 from registry import free_port, make_base, push_base, registry_server, vllm_sdist  # noqa: F401
 
 from patchkit.errors import PatchFailed
@@ -27,34 +25,6 @@ IMAGE = "glm53-flash-nvfp4-4p67"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 SOURCE = "https://example.invalid/patchkit"
 EPOCH = 1_700_000_000
-SCALE = 0.001
-
-
-@pytest.fixture(scope="module")
-def podman(tmp_path_factory):
-    """podman's Docker-API service on a private socket and storage; the test registry as insecure."""
-    if shutil.which("podman") is None:
-        pytest.skip("podman is not installed (apt-get install podman): the --load route is not exercised")
-    service = PodmanService(tmp_path_factory.mktemp("podman"))
-    with service as url:
-        yield url
-    service.remove_storage()
-
-
-@pytest.fixture(scope="module")
-def client(podman):
-    import docker
-
-    return docker.DockerClient(base_url=podman, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def realistic(registry_server, client):
-    """The scaled realistic base in the registry and pulled into the engine; its pinned reference."""
-    made = realistic_layout(SCALE)
-    ref = push_layout(made, registry_server.host, "vllm/realistic")
-    client.api.pull(ref.split(":base@")[0], tag=made["manifest"])
-    return ref, made
 
 
 def run(tmp_path, **kw):
@@ -84,8 +54,7 @@ def test_load_builds_from_the_engine_copy_moving_only_the_patched_files(realisti
 
     # the same plan, files and labels as the daemonless build of the same base from the registry
     daemonless = run(tmp_path / "daemonless", base=ref, dry_run=True).built
-    assert [(f.path, f.data, f.mode, f.uid, f.gid) for f in loaded.prepared.files] == \
-           [(f.path, f.data, f.mode, f.uid, f.gid) for f in daemonless.prepared.files]
+    assert patched_files(loaded) == patched_files(daemonless)
     assert loaded.version == daemonless.version and [p.id for p in loaded.prepared.carried] == \
            [p.id for p in daemonless.prepared.carried]
     assert {k: v for k, v in loaded.labels.items() if "base." not in k} == \
@@ -120,13 +89,10 @@ def test_a_rebuild_on_the_same_base_asks_the_engine_for_nothing(realistic, clien
     first = run(tmp_path, base=ref, load=True, engine_url=podman).built
     assert first.prepared.source.requests > 10 and first.prepared.source.containers >= 1
 
-    def files(loaded):
-        return [(f.path, f.data, f.mode, f.uid, f.gid) for f in loaded.prepared.files]
-
     again = run(tmp_path, base=ref, load=True, engine_url=podman).built
     source = again.prepared.source
     assert (source.requests, source.received, source.containers) == (0, 0, 0), "no container, no request"
-    assert files(again) == files(first) and again.prepared.versions == first.prepared.versions
+    assert patched_files(again) == patched_files(first) and again.prepared.versions == first.prepared.versions
     assert again.transferred < 1 << 20
 
     # A damaged cache entry is found by its sha256 and read again from the engine, alone.
@@ -134,7 +100,7 @@ def test_a_rebuild_on_the_same_base_asks_the_engine_for_nothing(realistic, clien
     blob = next(b for b in blobs if b.is_file() and b.stat().st_size > 1000)
     blob.write_bytes(b"# not what the engine holds\n" + blob.read_bytes())
     healed = run(tmp_path, base=ref, load=True, engine_url=podman).built
-    assert healed.prepared.source.requests == 1 and files(healed) == files(first)
+    assert healed.prepared.source.requests == 1 and patched_files(healed) == patched_files(first)
 
     # A listing nobody could have written vouches for nothing: the absent paths are asked for again (the
     # present files stand on their checked archives).
@@ -143,7 +109,7 @@ def test_a_rebuild_on_the_same_base_asks_the_engine_for_nothing(realistic, clien
     listing.write_text(json.dumps({path: "file rwx root" for path in records}))
     reread = run(tmp_path, base=ref, load=True, engine_url=podman).built
     absent = sum(r == "absent" for r in records.values())
-    assert 0 < absent == reread.prepared.source.requests and files(reread) == files(first)
+    assert 0 < absent == reread.prepared.source.requests and patched_files(reread) == patched_files(first)
     assert not client.containers.list(all=True), "every container made to read from is gone"
 
 

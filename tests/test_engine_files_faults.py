@@ -1,7 +1,7 @@
 """Fault injection on the local-engine route's reads (`patchkit build IMAGE --load`): concurrent builds
 on one cache, builds killed mid-way, hostile member caches, engine errors in the middle, bases whose
 target files are not regular files. Real podman (private storage), real registry, the realistic base at
-SCALE 0.001, as tests/test_build_local.py."""
+SCALE 0.001, with the fixtures of tests/engines.py."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from engines import PodmanService
-from realistic_base import push_layout, realistic_layout
+from engines import client, patched_files, podman, podman_service, realistic  # noqa: F401
 from registry import registry_server  # noqa: F401
 
 from patchkit.errors import PatchkitError
@@ -30,43 +29,7 @@ IMAGE = "glm53-flash-nvfp4-4p67"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 SOURCE = "https://example.invalid/patchkit"
 EPOCH = 1_700_000_000
-SCALE = 0.001
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    """podman's Docker-API service on a private socket and storage; the test registry as insecure."""
-    if shutil.which("podman") is None:
-        pytest.skip("podman is not installed (apt-get install podman): the --load route is not exercised")
-    service = PodmanService(tmp_path_factory.mktemp("podman"))
-    with service:
-        yield service
-    service.remove_storage()
-
-
-@pytest.fixture(scope="module")
-def podman(service):
-    return service.url
-
-
-@pytest.fixture(scope="module")
-def client(podman):
-    import docker
-
-    return docker.DockerClient(base_url=podman, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def realistic(registry_server, client):  # noqa: F811
-    made = realistic_layout(SCALE)
-    ref = push_layout(made, registry_server.host, "vllm/realistic")
-    client.api.pull(ref.split(":base@")[0], tag=made["manifest"])
-    return ref, made
-
-
-def files(loaded):
-    return [(f.path, f.data, f.mode, f.uid, f.gid) for f in loaded.prepared.files]
 
 
 def run(cache: Path, ref: str, podman: str, **kw):
@@ -82,7 +45,7 @@ def reference(realistic, client, podman, tmp_path_factory):
     loaded = run(cache, ref, podman).built
     assert not client.containers.list(all=True)
     (listing,) = (cache / "files" / "archives").glob("engine-image-*/members.json")
-    return {"ref": ref, "cache": cache, "files": files(loaded), "versions": loaded.prepared.versions,
+    return {"ref": ref, "cache": cache, "files": patched_files(loaded), "versions": loaded.prepared.versions,
             "requests": loaded.prepared.source.requests, "listing": json.loads(listing.read_text()),
             "key": listing.parent.name, "image_id": loaded.prepared.base.image_id,
             "loaded": loaded}
@@ -132,7 +95,7 @@ def assert_clean_failure(got):
 
 def assert_like_reference(got, reference):
     assert not isinstance(got, BaseException), f"{type(got).__name__}: {got}"
-    assert files(got.built) == reference["files"] and got.built.prepared.versions == reference["versions"]
+    assert patched_files(got.built) == reference["files"] and got.built.prepared.versions == reference["versions"]
 
 
 # == 1. two builds at once on one cache ==================================================================
@@ -155,7 +118,7 @@ def test_two_builds_at_once_in_threads_agree_and_leave_a_cache_that_serves_a_thi
         assert_like_reference(got, reference)
     assert not leftover_containers(client)
     third = run(cache, reference["ref"], podman)
-    assert third.built.prepared.source.requests == 0 and files(third.built) == reference["files"]
+    assert third.built.prepared.source.requests == 0 and patched_files(third.built) == reference["files"]
 
 
 BUILD_SCRIPT = textwrap.dedent("""
@@ -217,7 +180,7 @@ def test_two_builds_at_once_in_processes_agree_and_leave_a_cache_that_serves_a_t
         assert [(f[0], bytes.fromhex(f[1]), f[2], f[3], f[4]) for f in done["files"]] == reference["files"]
     assert not leftover_containers(client)
     third = run(cache, reference["ref"], podman)
-    assert third.built.prepared.source.requests == 0 and files(third.built) == reference["files"]
+    assert third.built.prepared.source.requests == 0 and patched_files(third.built) == reference["files"]
 
 
 # == 2. a build killed at various points =================================================================
@@ -237,7 +200,7 @@ def test_a_build_killed_leaves_a_cache_the_next_build_trusts_correctly(kill_at, 
     assert {c.id for c in leftover_containers(client)} == {c.id for c in left}
     remove_containers(client)
     warm = run(cache, reference["ref"], podman)
-    assert warm.built.prepared.source.requests == 0 and files(warm.built) == reference["files"]
+    assert warm.built.prepared.source.requests == 0 and patched_files(warm.built) == reference["files"]
 
 
 # == 3. hostile cache contents ===========================================================================
@@ -330,7 +293,7 @@ def test_a_cache_path_of_the_wrong_kind_heals_or_fails_naming_it(damage, referen
         assert_clean_failure(got)
         assert str(cache / "files" / "blobs") in str(got.filename)
     else:
-        assert files(got.built) == reference["files"]
+        assert patched_files(got.built) == reference["files"]
     assert not leftover_containers(client)
 
 
@@ -390,7 +353,7 @@ def test_a_wrong_cache_entry_does_not_make_an_intact_base_fail_forever(damage, r
             assert_clean_failure(got)
             assert "cache" in str(got), f"the failure blames the base, not the cache: {got}"
     assert not isinstance(second, Exception), f"still failing on the next build: {second}"
-    assert files(second.built) == reference["files"]
+    assert patched_files(second.built) == reference["files"]
 
 
 def cli(cache: Path, *args) -> subprocess.CompletedProcess:
@@ -436,7 +399,7 @@ def test_containers_removed_under_a_read_are_not_taken_for_absent_files(referenc
         assert_clean_failure(got)
         assert "container" in str(got) and "METADATA" not in str(got), f"a misleading failure: {got}"
     else:
-        assert files(got.built) == reference["files"]
+        assert patched_files(got.built) == reference["files"]
     listing = json.loads(listing_path(cache, reference).read_text()) if listing_path(cache, reference).exists() else {}
     wrong = {k: v for k, v in listing.items() if reference["listing"].get(k) != v}
     assert not wrong, f"the cache now says these files of the base are absent: {sorted(wrong)}"
@@ -502,7 +465,7 @@ def test_a_container_create_failing_after_others_were_made_removes_them(referenc
 
 
 @pytest.mark.registry
-def test_the_engine_stopping_mid_read_is_a_clean_error(reference, service, podman, client, tmp_path,
+def test_the_engine_stopping_mid_read_is_a_clean_error(reference, podman_service, podman, client, tmp_path,
                                                        monkeypatch):
     from patchkit.images.engine_files import ContainerSource
 
@@ -511,7 +474,7 @@ def test_the_engine_stopping_mid_read_is_a_clean_error(reference, service, podma
     def hooked(self, name):
         calls.append(name)
         if len(calls) == 10:
-            service.__exit__()
+            podman_service.__exit__()
         return original(self, name)
 
     monkeypatch.setattr(ContainerSource, "_from_engine", hooked)
@@ -519,8 +482,8 @@ def test_the_engine_stopping_mid_read_is_a_clean_error(reference, service, podma
         got = outcome(lambda: run(tmp_path / "cache", reference["ref"], podman))
     finally:
         monkeypatch.undo()
-        service.sock.unlink(missing_ok=True)
-        service.__enter__()
+        podman_service.sock.unlink(missing_ok=True)
+        podman_service.__enter__()
     left = leftover_containers(client)
     remove_containers(client)
     print(f"\nengine stopped: {type(got).__name__}: {got}; {len(left)} container(s) left")

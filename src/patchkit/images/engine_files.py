@@ -195,7 +195,11 @@ class ContainerSource(PackagePaths):
         if int((stat or {}).get("mode") or 0) & GO_MODE_SYMLINK or target not in ("", name):
             raise PatchkitError(f"{self.base.spec}: {name} is a symbolic link (to {target!r}); patchkit reads and "
                                 "patches regular files only")
-        found = self._entry(name, raw)
+        try:
+            found = self._entry(name, raw)
+        except PatchkitError:
+            self._still_there(using[0], name)         # podman answers a removed container with an empty 200 too
+            raise
         self.cache.put(self._key, name, raw)
         with self._lock:
             self._listing[name] = PRESENT

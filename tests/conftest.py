@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from packaging.version import Version
 from probes import GlmLayout, glm_layout
@@ -33,6 +34,10 @@ from patchkit.patching.copies import patched_copy
 from patchkit.patching.patchset import load_patchset
 
 REPO = Path(__file__).resolve().parents[1]
+# Fuzz depth (tests/hostile.py): a bounded run in `nox -s tests`, a longer one in the daily `nox -s fuzz`.
+settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("daily", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 pytest_plugins = [
     "not_run",  # the closing "what did not run" summary
     "release_record",  # PATCHKIT_RESULTS: each test's outcome on the installed release, for tests/ran_where.py

@@ -1,11 +1,14 @@
-"""podman's Docker-API service for the local-engine tests and benchmarks: private storage (overlay, in a
-directory of its own), the 127.0.0.1 registries as insecure, stopped by its pid on exit.
+"""The two Docker-API engines of the local-engine tests and benchmarks, each started here on a private
+socket and storage, the 127.0.0.1 registries as insecure, stopped by its pid on exit:
 
-    with PodmanService(workdir) as url:   # "unix:///.../podman.sock"
+    with PodmanService(workdir) as url:   # podman's API service, "unix:///.../podman.sock"
+    with DockerdService(workdir) as url:  # the real Docker Engine (dockerd, as root), "unix:///.../docker.sock"
 
 And the fixtures of the local-engine tests (tests/test_build_local.py, tests/test_engine_files_faults.py),
 one service per test module: `podman_service`, `podman` (its URL), `client` (a docker SDK client of it),
-`realistic` (the realistic base at SCALE in the test registry and pulled into the engine).
+`realistic` (the realistic base at SCALE in the test registry and pulled into the engine); and the same
+over both engines, one module-scoped parameter each ("podman", "docker"): `engine_service` (the service,
+its `.kind` and `.url`), `engine` (its URL), `engine_client`, `engine_realistic`.
 """
 
 from __future__ import annotations
@@ -22,7 +25,20 @@ from realistic_base import push_layout, realistic_layout
 SCALE = 0.001   # the realistic base, scaled down: the real vLLM and FlashInfer files, little filler
 
 
+def stop(proc: subprocess.Popen | None, grace: float = 30) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds; waited for either way."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class PodmanService:
+    kind = "podman"
+
     def __init__(self, workdir: Path, driver: str = "overlay"):
         self.root = Path(workdir)
         self.driver = driver
@@ -56,13 +72,7 @@ class PodmanService:
         return self.url
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
         self.log.close()
 
     def remove_storage(self) -> None:
@@ -75,15 +85,130 @@ class PodmanService:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+class DockerdService:
+    """dockerd with its own data root, exec root (where it starts its own containerd), pid file and socket:
+    several run side by side and none touches /var/lib/docker. No bridge, no iptables (nothing here runs a
+    container; it only creates them). The storage driver is overlay2 (the default; it works in this
+    container), or `driver` ("vfs" where overlay mounts are refused)."""
+
+    kind = "docker"
+
+    def __init__(self, workdir: Path, driver: str | None = None):
+        self.root = Path(workdir)
+        self.driver = driver
+        self.proc: subprocess.Popen | None = None
+        self.sock = self.root / "docker.sock"
+        self.env = {**os.environ}
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.sock}"
+
+    def __enter__(self) -> str:
+        binary = shutil.which("dockerd") or next((b for b in ("/usr/sbin/dockerd", "/usr/bin/dockerd")
+                                                  if os.access(b, os.X_OK)), None)
+        if binary is None:
+            raise RuntimeError("dockerd is not installed (apt-get install docker.io)")
+        if os.geteuid() != 0:
+            raise RuntimeError("dockerd needs root here (the tests start it on a private socket)")
+        self.root.mkdir(parents=True, exist_ok=True)
+        args = [binary, "--host", self.url, "--data-root", str(self.root / "data"),
+                "--exec-root", str(self.root / "exec"), "--pidfile", str(self.root / "pid"),
+                "--bridge", "none", "--iptables=false", "--ip6tables=false", "--ip-masq=false",
+                "--insecure-registry", "127.0.0.0/8", "--log-level", "warn", "--config-file", str(self.root / "daemon.json")]
+        (self.root / "daemon.json").write_text("{}\n")
+        if self.driver:
+            args += ["--storage-driver", self.driver]
+        self.log = open(self.root / "log", "wb")
+        self.proc = subprocess.Popen(args, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while self.proc.poll() is None and time.monotonic() < deadline and not self._pings():
+            time.sleep(0.2)
+        if not self._pings():
+            self.__exit__()
+            raise RuntimeError(f"dockerd did not start: {(self.root / 'log').read_text()[-800:]}")
+        return self.url
+
+    def _pings(self) -> bool:
+        import socket
+
+        if not self.sock.exists():
+            return False
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(2)
+                s.connect(str(self.sock))
+                s.sendall(b"GET /_ping HTTP/1.0\r\n\r\n")
+                return b"OK" in s.recv(4096)
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the engine (a crash: its containerd and the containers it made stay as they are)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> str:
+        """Start it again on the same storage (after a kill): what it held is there again."""
+        self.__exit__()
+        return self.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        stop(self.proc)
+        self._stop_containerd()
+        if getattr(self, "log", None) is not None:
+            self.log.close()
+
+    def _stop_containerd(self) -> None:
+        """The containerd dockerd started under its exec root outlives a killed dockerd: stop it by its pid."""
+        pidfile = self.root / "exec" / "containerd" / "containerd.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return
+        if str(self.root).encode() not in cmdline:
+            return  # not ours (a pid reused): leave it alone
+        os.kill(pid, 15)
+        deadline = time.monotonic() + 15
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if Path(f"/proc/{pid}").exists():
+            os.kill(pid, 9)
+
+    def remove_storage(self) -> None:
+        """Delete the data root (unmounting what overlay2 left mounted under it first)."""
+        for mount in reversed([line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]):
+            if mount.startswith(f"{self.root}/"):
+                subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def podman_service(tmp_path_factory):
     """podman's Docker-API service on a private socket and storage; the test registry as insecure."""
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed (apt-get install podman): the --load route is not exercised")
-    service = PodmanService(tmp_path_factory.mktemp("podman"))
+    yield from _running(PodmanService(tmp_path_factory.mktemp("podman")))
+
+
+def _running(service):
+    """A fixture's body: the service started, yielded, stopped, its storage removed."""
     with service:
         yield service
     service.remove_storage()
+
+
+def sdk_client(url: str):
+    """A docker SDK client of `url`, with a timeout long enough for a build on 2 loaded cores."""
+    import docker
+
+    return docker.DockerClient(base_url=url, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -93,14 +218,48 @@ def podman(podman_service):
 
 @pytest.fixture(scope="module")
 def client(podman):
-    import docker
-
-    return docker.DockerClient(base_url=podman, timeout=600)
+    return sdk_client(podman)
 
 
 @pytest.fixture(scope="module")
 def realistic(registry_server, client):
     """The scaled realistic base in the registry and pulled into the engine: (its pinned reference, layout)."""
+    return pull_realistic(registry_server, client)
+
+
+@pytest.fixture(scope="module")
+def dockerd_service(tmp_path_factory):
+    """The Docker Engine on a private socket and storage; the test registry as insecure. Not installed is a
+    failure, not a skip (.ci/run installs docker.io)."""
+    yield from _running(DockerdService(tmp_path_factory.mktemp("dockerd")))
+
+
+ENGINES = ("podman", "docker")
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine_service(request):
+    """Each engine in turn (a test using it runs once on podman, once on the Docker Engine)."""
+    return request.getfixturevalue("podman_service" if request.param == "podman" else "dockerd_service")
+
+
+@pytest.fixture(scope="module")
+def engine(engine_service):
+    return engine_service.url
+
+
+@pytest.fixture(scope="module")
+def engine_client(engine):
+    return sdk_client(engine)
+
+
+@pytest.fixture(scope="module")
+def engine_realistic(registry_server, engine_client):
+    """The scaled realistic base in the registry and pulled into this engine: (its pinned reference, layout)."""
+    return pull_realistic(registry_server, engine_client)
+
+
+def pull_realistic(registry_server, client) -> tuple[str, dict]:
     made = realistic_layout(SCALE)
     ref = push_layout(made, registry_server.host, "vllm/realistic")
     client.api.pull(ref.split(":base@")[0], tag=made["manifest"])

@@ -47,6 +47,7 @@ LIMITS = {limit.kind: limit for limit in (
     Limit("config", 16 * MiB, "a checkpoint's config.json / hf_quant_config.json: tens of KiB in every public checkpoint"),
     Limit("checkpoint-index", 64 * MiB, "model.safetensors.index.json: GLM-5.3's is under 2 MiB"),
     Limit("safetensors-header", 100 * MiB, "the safetensors library's own MAX_HEADER_SIZE (100,000,000 B)"),
+    Limit("safetensors-shard", 1 << 40, "a safetensors shard, of which only the 8-byte prefix and the header are read: GLM-5.3-Flash's are ~6.2 GB, no public checkpoint ships a 1 TiB file"),
     Limit("definition", 4 * MiB, "patch.toml, variant.toml, image.toml, series.toml, patchkit.json, a patch's text file"),
     Limit("boot-log", 1 * GiB, "a boot log or `docker logs` capture: a 12-minute boot writes a few MiB"),
     Limit("log-line", 64 * KiB, "one boot-log line: vLLM's longest (the engine config dump) is a few KiB"),
@@ -55,7 +56,12 @@ LIMITS = {limit.kind: limit for limit in (
     Limit("member", 256 * MiB, "one source file read out of an sdist, wheel or image layer: vLLM's largest .py is under 1 MiB"),
     Limit("metadata", 16 * MiB, "a wheel's METADATA, RECORD or WHEEL; an sdist's PKG-INFO"),
     Limit("index-page", 64 * MiB, "one package index project page (PyPI's vllm page, JSON, is ~1 MiB)"),
+    Limit("binary", 2 * GiB, "one compiled extension in a release wheel, read for the kernel census: vLLM 0.33.0's largest (_vllm_fa2_C) is 294 MiB"),
     Limit("archive", 8 * GiB, "a release sdist or wheel downloaded from the index: vLLM's aarch64 wheel is ~500 MiB"),
+    Limit("tar", 2 * GiB, "the tar stream of one .tar.gz sdist, inflated: FlashInfer 0.7.2.post1's is 440 MB, vLLM 0.33.0's 150 MB"),
+    Limit("inflated", 8 * GiB, "a wheel's members inflated, each and all together, while their RECORD hashes are checked (streamed, never held whole): vLLM 0.33.0's x86_64 wheel inflates to 835 MB, its largest member to 308 MB"),
+    Limit("layer", 64 * GiB, "one image layer blob in a layout or the blob cache (read against its descriptor's size): a CUDA base's largest are a few GiB"),
+    Limit("tool-output", 16 * MiB, "what one host tool prints for `doctor --host` (nvidia-smi, nvcc --version, free -b, docker version): a few KiB"),
 )}
 
 

@@ -1,4 +1,5 @@
-"""`patchkit doctor LOG [--variant V] [--json]`: judge a recorded boot log offline.
+"""`patchkit doctor LOG [--variant V] [--json]`: judge a recorded boot log offline; `patchkit doctor --host
+[ssh://HOST]`: check a Spark's prerequisites before the first serve (variants/host.py).
 
 The same judgement the live smoke makes (variants/smoke/judge.py): the fatal cause with the line that
 showed it and its fix, the weight and KV markers in every format the base and the releases print, the
@@ -6,7 +7,8 @@ speculator that attached and its acceptance, and, with --variant, the variant's 
 A recorded log is all there is, so one that ends without 'Application startup complete' is a boot that
 did not come up: with no error line it was killed from outside (cause `ended-without-error`, with the
 phase it reached); --cut-short judges a log captured while the boot was still running.
-Exit 0 when the log shows a good boot, 1 when it does not, 2 on bad input.
+Exit 0 when the log shows a good boot (every host check passes), 1 when it does not (one fails), 2 on
+bad input.
 """
 
 from __future__ import annotations
@@ -68,8 +70,44 @@ def _render(verdict, variant_name: str | None) -> None:
         console.print(f"[dim]also seen: {other.cause} (line {other.line_no})[/]")
 
 
+def _render_hosts(reports) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    colour = {"fail": "red", "warn": "yellow", "ok": "green"}
+    for report in reports:
+        table = Table(title=f"doctor --host {report.host}: {'READY' if report.ok else 'NOT READY'}", title_justify="left")
+        for col in ("level", "check", "found", "fix"):
+            table.add_column(col)
+        for c in report.checks:
+            table.add_row(f"[{colour[c.level]}]{c.level}[/]", c.name, escape(c.found), escape(c.fix))
+        console.print(table)
+
+
+def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, as_json) -> None:
+    from patchkit.variants.definitions import find_variant
+    from patchkit.variants.host import check_host, commands_for
+
+    chosen = find_variant(variant, images_home()) if variant else None
+    runners = [commands_for(h) for h in hosts]  # every --host parsed before any command runs
+    reports = [check_host(r, chosen, image, checkpoint, kv_cache_dtype) for r in runners]
+    ok = all(r.ok for r in reports)
+    if as_json:
+        click.echo(json.dumps({"ok": ok, "variant": chosen.name if chosen else None,
+                               "hosts": [r.to_dict() for r in reports]}, indent=2))
+    else:
+        _render_hosts(reports)
+    sys.exit(0 if ok else 1)
+
+
 @click.command("doctor")
-@click.argument("log")
+@click.argument("log", required=False)
+@click.option("--host", "hosts", multiple=True, is_flag=False, flag_value="local", metavar="[ssh://HOST]",
+              help="Check a host's prerequisites for the first serve instead of judging a log: this machine "
+              "(--host alone, or `local`) or ssh://[USER@]HOST[:PORT]; repeat for every node.")
+@click.option("--image", help="With --host: check nvcc and the arch variables in this image (docker run on the host).")
+@click.option("--checkpoint", help="With --host: the checkpoint's path, which must hold its files on every host.")
+@click.option("--kv-cache-dtype", help="With --host: the KV-cache dtype to check (default: the variant's).")
 @click.option("--variant", help="Judge against this variant's expectations (quantprobe, speculator, KV pool, weights).")
 @click.option("--quantprobe/--no-quantprobe", default=None,
               help="The boot ran with PATCHKIT_QUANTPROBE=1 on an image carrying the quantprobe patch (its lines "
@@ -78,8 +116,17 @@ def _render(verdict, variant_name: str | None) -> None:
               help="--cut-short judges a log that ends before startup on purpose, e.g. captured mid-boot (no "
               "startup/KV failures, no end-of-log cause); by default such a log is a boot that did not come up.")
 @json_option
-def doctor(log, variant, quantprobe, booted, as_json):
-    """Why did this boot fail (or did it)? Judge a recorded vLLM boot log (LOG, or - for stdin)."""
+def doctor(log, hosts, image, checkpoint, kv_cache_dtype, variant, quantprobe, booted, as_json):
+    """Why did this boot fail (or did it)? Judge a recorded vLLM boot log (LOG, or - for stdin); or, with
+    --host, is this Spark ready for its first serve?"""
+    if hosts:
+        if log is not None:
+            raise PatchkitError(f"give a LOG or --host, not both (LOG {log!r})")
+        return _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, as_json)
+    if log is None:
+        raise PatchkitError("give a LOG to judge (or - for stdin), or --host to check a host")
+    if image or checkpoint or kv_cache_dtype:
+        raise PatchkitError("--image, --checkpoint and --kv-cache-dtype go with --host")
     from patchkit.variants.definitions import find_variant
     from patchkit.variants.smoke.judge import judge_log
 

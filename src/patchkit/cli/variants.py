@@ -81,13 +81,20 @@ def serve_args_cmd(variant, checkpoint, model, pin_config, pin_index, as_json):
 @click.option("--receipt", type=click.Path(path_type=Path), help="Write the JSON receipt here.")
 @click.option("--keep", is_flag=True, help="Leave the containers running after the smoke.")
 @click.option("--master-addr", help="Head address for the other nodes (default: the head host's name).")
+@click.option("--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True,
+              help="GPU request of the containers: all (--gpus all), none, or auto: all when the engine reports "
+              "the nvidia runtime.")
+@click.option("--boot-timeout", type=click.FloatRange(min=1), metavar="SECONDS",
+              help="How long to wait for /health (default: the variant's expect.boot_timeout_s).")
+@click.option("--health-interval", type=click.FloatRange(min=0.05), default=5.0, show_default=True, metavar="SECONDS",
+              help="Seconds between /health polls.")
 @click.option("--vllm-python", help="Interpreter whose vLLM the CPU smoke uses (default: this one).")
 @click.option("--workdir", type=click.Path(path_type=Path, file_okay=False), help="Where CPU smoke checkpoints go.")
 @click.option("--series", default=None, help="Series applied for the patched CPU run (default: each variant's image).")
 @with_pins
 @json_option
-def smoke(variants, cpu, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr, vllm_python, workdir,
-          series, pin_config, pin_index, as_json):
+def smoke(variants, cpu, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr, gpus, boot_timeout,
+          health_interval, vllm_python, workdir, series, pin_config, pin_index, as_json):
     """Prove a variant loads: --cpu here (stock vs patched vLLM), or on real hosts with --host."""
     from patchkit.variants.definitions import find_variant
 
@@ -99,7 +106,8 @@ def smoke(variants, cpu, hosts, image, checkpoint, hf_cache, url, receipt, keep,
         ok = _smoke_cpu(chosen, vllm_python, workdir, series, as_json)
     else:
         ok = _smoke_hosts(chosen, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr,
-                          pin_config, pin_index, as_json)
+                          pin_config, pin_index, as_json, gpus=gpus, boot_timeout=boot_timeout,
+                          health_interval=health_interval)
     sys.exit(0 if ok else 1)
 
 
@@ -130,7 +138,7 @@ def _smoke_cpu(variants, vllm_python, workdir, series, as_json) -> bool:
 
 
 def _smoke_hosts(variants, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr, pin_config,
-                 pin_index, as_json) -> bool:
+                 pin_index, as_json, gpus="auto", boot_timeout=None, health_interval=5.0) -> bool:
     from patchkit.cli.doctor import image_carries_quantprobe
     from patchkit.variants.serve import serve_args
     from patchkit.variants.smoke.hardware import DockerRunner, host_name, run_smoke
@@ -139,9 +147,10 @@ def _smoke_hosts(variants, hosts, image, checkpoint, hf_cache, url, receipt, kee
         raise PatchkitError("a hardware smoke takes one variant and --image")
     variant = variants[0]
     command = serve_args(variant, checkpoint, pin_config, pin_index, None)
-    runners = [DockerRunner(h, hf_cache) for h in hosts]
+    runners = [DockerRunner(h, hf_cache, gpus=gpus) for h in hosts]
     result = run_smoke(variant, command, image, runners, url or f"http://{host_name(hosts[0])}:{variant.serve.port}",
-                       keep=keep, master_addr=master_addr, quantprobe=image_carries_quantprobe(variant.image))
+                       keep=keep, master_addr=master_addr, quantprobe=image_carries_quantprobe(variant.image),
+                       boot_timeout_s=boot_timeout, health_interval_s=health_interval)
     if receipt:
         result.write(receipt)
     click.echo(result.to_json()) if as_json else console.print(result)

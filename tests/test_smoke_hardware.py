@@ -1,0 +1,249 @@
+"""`patchkit smoke VARIANT --host ... --image ...` through the real DockerRunner on real engines.
+
+Each test runs patchkit itself (tests/hostile.py: a fresh interpreter, bounded in memory and time) against
+podman's API service and against dockerd (tests/engines.py), booting the vLLM stand-in image
+(tests/standin_server/README.md) that the engine builds FROM scratch out of Debian's static busybox: it
+replays a recorded boot log line by line and answers /health, /v1/models and /v1/chat/completions as
+vLLM's OpenAI server does. Create, start, logs, the /health poll, chat, the corruption probe, stop,
+removal and the receipt are the harness's real code against the engine's real API.
+
+Not exercised here: a GPU. These engines have no nvidia runtime, so every run asks for none
+(`--gpus none`, and `auto` detects none); `--gpus all` is shown refused by the engine, as it is on any
+engine without nvidia-container-toolkit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from engines import DockerdService, PodmanService, _running, sdk_client
+from hostile import REPO, assert_refused, run_patchkit
+
+from patchkit.variants.smoke.hardware import SMOKE_LABEL
+
+STANDIN = Path(__file__).parent / "standin_server"
+LOGS = Path(__file__).parent / "data" / "boot-logs"
+BUSYBOX = Path("/bin/busybox")  # Debian's busybox-static
+VARIANT = "lab"  # a complete serve command without a checkpoint; its image carries quantprobe
+PORT = 30000  # the lab variant's serve.port: the stand-in binds it on the host network, as vLLM would
+
+# What each stand-in image replays, and how its boot ends.
+IMAGES = {
+    "good": ("lab-good.log", "serve"),  # hand-written (tests/data/boot-logs/README.md): the lab variant's good boot
+    "dflash": ("public/sfxnz-nvidia-dflash2-good-boot.log", "serve"),  # a real GB10 boot, DFlash2 drafter
+    "kv-budget": ("public/tenhkspark-stock-k5-boot-failure.log", "exit"),  # a real GB10 boot dying at KV sizing
+    "killed": ("public/sfxnz-nvidia-killed-boot.log", "hang"),  # a real boot's log up to profiling, then nothing
+}
+
+
+class StandinPodman(PodmanService):
+    """podman's service with the two settings this machine needs to start a container at all: runc (crun 1.8
+    refuses the hybrid cgroup v1/v2 layout here: "cgroups in hybrid mode not supported") and default
+    ulimits within this sandbox's own (podman's default nofile/nproc are refused: "setrlimit ... Operation
+    not permitted"); and a tmp_dir of its own. None is a patchkit setting; a Spark's engine runs containers
+    as it is."""
+
+    kind = "podman"
+
+    def __enter__(self) -> str:
+        self.root.mkdir(parents=True, exist_ok=True)
+        conf = self.root / "containers.conf"
+        # tmp_dir: podman's default, /run/libpod, is shared by every service on the machine (another one's
+        # reset removes it under this one: "creating runtime status file: open /run/libpod/alive").
+        conf.write_text('[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
+                        f'[engine]\nruntime = "runc"\ntmp_dir = "{self.root}/tmp"\n')
+        self.env["CONTAINERS_CONF"] = str(conf)
+        return super().__enter__()
+
+
+@pytest.fixture(scope="module", params=("podman", "docker"))
+def service(request, tmp_path_factory):
+    if request.param == "podman" and shutil.which("podman") is None:
+        pytest.fail("podman is not installed (apt-get install podman)")
+    made = (StandinPodman if request.param == "podman" else DockerdService)(tmp_path_factory.mktemp(request.param))
+    yield from _running(made)
+
+
+@pytest.fixture(scope="module")
+def engine(service):
+    """(URL, SDK client, {image key: tag}, "podman" | "docker") with every stand-in image built by this engine."""
+    if not BUSYBOX.is_file():
+        pytest.fail(f"{BUSYBOX} is missing: apt-get install busybox-static (the stand-in image is built from it)")
+    client = sdk_client(service.url)
+    context = Path(service.root) / "standin-context"
+    shutil.copytree(STANDIN, context)
+    shutil.copy2(BUSYBOX, context / "busybox")
+    logs = context / "logs"
+    for log, _ in IMAGES.values():
+        (logs / log).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(LOGS / log, logs / log)
+    tags = {}
+    for key, (log, end) in IMAGES.items():
+        tags[key] = f"localhost/patchkit-standin:{key}"
+        # nocache: podman 4.3's build cache takes an ENV made of build args for the same layer whatever their values
+        client.images.build(path=str(context), tag=tags[key], buildargs={"LOG": log, "END": end}, rm=True, nocache=True)
+    corrupt = "localhost/patchkit-standin:corrupt"
+    client.images.build(path=str(context), tag=corrupt, rm=True, nocache=True,
+                        buildargs={"LOG": "lab-good.log", "END": "serve", "REPLY": "강은 \ufffd\ufffd 조용하다"})
+    tags["corrupt"] = corrupt
+    return service.url, client, tags, service.kind
+
+
+def ours(client) -> list:
+    """Every container a smoke made on this engine (by the label the runner puts on them)."""
+    return client.containers.list(all=True, filters={"label": SMOKE_LABEL})
+
+
+def smoke(url: str, image: str, tmp_path: Path, *extra: str, variant: str = VARIANT):
+    receipt = tmp_path / "receipt.json"
+    hf = tmp_path / "hf"
+    hf.mkdir(exist_ok=True)
+    outcome = run_patchkit("smoke", variant, "--host", url, "--image", image, "--hf-cache", str(hf),
+                           "--receipt", str(receipt), "--health-interval", "0.2", *extra, timeout=180)
+    return outcome, (json.loads(receipt.read_text()) if receipt.exists() else None), receipt
+
+
+def test_a_good_boot_passes_through_the_real_runner(engine, tmp_path):
+    url, client, tags, _ = engine
+    outcome, data, receipt = smoke(url, tags["good"], tmp_path, "--gpus", "auto")
+    assert outcome.code == 0, outcome.output[-3000:]
+    assert data["ok"] and data["cause"] is None and data["attempts"] == 1
+    assert data["chat"]["content"] == "17 times 3 is 51." and data["chat"]["finish_reason"] == "stop"
+    assert data["probe"] == {"runs": 3, "replacement_chars": [0, 0, 0], "errors": [], "ok": True}
+    assert data["verdict"]["markers"]["kv_cache_tokens"] == 1_164_369
+    [node] = data["containers"]
+    # No nvidia runtime on this engine: auto asks for no GPU. Still running when judged (then removed).
+    assert node == {"host": url, "name": f"patchkit-smoke-{VARIANT}-0", "gpus": "none", "exit_code": None}
+    # The image as the engine names it: its digest under the repository asked for (podman gives a built image
+    # one), else its id (dockerd gives a digest only to a pushed or pulled image).
+    image = client.images.get(tags["good"])
+    named = [d for d in image.attrs.get("RepoDigests") or [] if d.startswith("localhost/patchkit-standin@")]
+    assert data["image_digests"][url] == (named[0] if named else image.id)
+    # The head's log, read before removal: what the container was given, the replayed boot, the traffic.
+    log = (tmp_path / "receipt.node0.log").read_text()
+    argv = log.splitlines()[0]
+    assert argv.startswith("standin: argv: vllm serve ") and f"--port {PORT}" in argv and "--served-model-name glm53" in argv
+    assert "standin: env: PATCHKIT_QUANTPROBE=1" in log  # the image carries the quantprobe patch
+    recorded = (LOGS / "lab-good.log").read_text()
+    assert recorded in log.replace('INFO:     127.0.0.1:0 - "GET /health HTTP/1.1" 200 OK\n', "")
+    assert log.count('"POST /v1/chat/completions HTTP/1.1" 200 OK') == 4  # the chat and three probe runs
+    assert ours(client) == []  # stopped and removed
+
+
+def test_a_real_public_boot_is_judged_live(engine, tmp_path):
+    """The sfxnz DFlash2 boot (real, GB10) through the runner: up, chatting, and failing the lab variant on
+    its speculator alone, as `patchkit doctor` judges the same log."""
+    url, client, tags, _ = engine
+    outcome, data, _ = smoke(url, tags["dflash"], tmp_path, "--gpus", "none")
+    assert outcome.code == 1, outcome.output[-3000:]
+    failed = [f"{f['what']}: {f['detail']}" for f in data["findings"] if f["level"] == "fail"]
+    assert "speculative: dflash (DFlash2DraftModel) attached; the variant expects mtp" in failed
+    assert data["chat"]["ok"] and data["probe"]["ok"] and data["cause"] is None
+    assert data["verdict"]["speculative"]["method"] == "dflash"
+    assert ours(client) == []
+
+
+def test_a_corrupt_reply_fails_the_probe(engine, tmp_path):
+    url, client, tags, _ = engine
+    outcome, data, _ = smoke(url, tags["corrupt"], tmp_path, "--gpus", "none")
+    assert outcome.code == 1 and data["chat"]["ok"]
+    assert data["probe"]["replacement_chars"] == [2, 2, 2] and not data["probe"]["ok"]
+    assert ours(client) == []
+
+
+def test_a_boot_that_dies_names_its_cause_and_the_exit(engine, tmp_path):
+    url, client, tags, _ = engine
+    start = time.monotonic()
+    outcome, data, _ = smoke(url, tags["kv-budget"], tmp_path, "--gpus", "none")
+    assert outcome.code == 1, outcome.output[-3000:]
+    assert data["cause"]["cause"] == "kv-budget" and "(0.92 GiB KV cache is needed" in data["cause"]["line"]
+    assert data["chat"] is None and data["probe"] is None
+    assert any(f["what"] == "health" and "container exited" in f["detail"] for f in data["findings"])
+    assert data["containers"][0]["exit_code"] == 1
+    assert time.monotonic() - start < 60  # a dead container ends the wait at once, not the 30-minute deadline
+    assert ours(client) == []
+
+
+def test_a_boot_that_never_becomes_healthy_is_bounded(engine, tmp_path):
+    url, client, tags, _ = engine
+    start = time.monotonic()
+    outcome, data, _ = smoke(url, tags["killed"], tmp_path, "--gpus", "none", "--boot-timeout", "4")
+    elapsed = time.monotonic() - start
+    assert outcome.code == 1, outcome.output[-3000:]
+    assert data["cause"]["cause"] == "still-booting" and data["verdict"]["phase"] == "profiling"
+    assert any(f["what"] == "health" and "deadline 4 s passed" in f["detail"] for f in data["findings"])
+    assert 4 <= data["timings"]["boot_to_health_s"] < 6 and elapsed < 60
+    assert data["containers"][0]["exit_code"] is None  # still running when judged; then stopped and removed
+    assert ours(client) == []
+
+
+def test_ctrl_c_leaves_no_container(engine, tmp_path):
+    url, client, tags, _ = engine
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "patchkit", "smoke", VARIANT, "--host", url, "--image",
+                             tags["killed"], "--gpus", "none", "--hf-cache", str(hf), "--health-interval", "0.2"],
+                            env={**os.environ, "PYTHONPATH": str(REPO / "src")}, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not [c for c in ours(client) if c.status == "running"]:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0].decode()[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in output and proc.returncode == 1 and "Aborted" in output, output[-3000:]
+    assert ours(client) == []
+
+
+def test_a_container_of_the_same_name_not_ours_is_left_alone(engine, tmp_path):
+    url, client, tags, _ = engine
+    name = f"patchkit-smoke-{VARIANT}-0"
+    other = client.containers.create(tags["good"], name=name)
+    try:
+        outcome, data, _ = smoke(url, tags["good"], tmp_path, "--gpus", "none")
+        assert_refused(outcome, url, name, "is not a patchkit smoke's", other.short_id)
+        assert client.containers.get(name).id == other.id and data is None
+    finally:
+        other.remove(force=True)
+
+
+def test_an_earlier_smokes_container_is_replaced(engine, tmp_path):
+    """A smoke killed before its cleanup leaves its container: the next one removes it (by its label)."""
+    url, client, tags, _ = engine
+    name = f"patchkit-smoke-{VARIANT}-0"
+    client.containers.create(tags["killed"], name=name, labels={SMOKE_LABEL: name})
+    outcome, data, _ = smoke(url, tags["good"], tmp_path, "--gpus", "none")
+    assert outcome.code == 0 and data["ok"], outcome.output[-3000:]
+    assert ours(client) == []
+
+
+def test_a_gpu_request_the_engine_cannot_satisfy_is_refused(engine, tmp_path):
+    """No nvidia runtime here: dockerd refuses the device request at start; podman 4.3 takes it and keeps
+    none, which the runner finds in the container and refuses rather than boot vLLM without a GPU."""
+    url, client, tags, kind = engine
+    outcome, data, _ = smoke(url, tags["good"], tmp_path, "--gpus", "all")
+    said = ('could not select device driver "" with capabilities: [[gpu]]' if kind == "docker"
+            else "accepted the GPU request (--gpus all) but the container has none")
+    assert_refused(outcome, url, f"start the container patchkit-smoke-{VARIANT}-0", said)
+    assert data is None and ours(client) == []
+
+
+def test_unreachable_and_unusable_hosts_are_refused(tmp_path):
+    missing = f"unix://{tmp_path}/no.sock"
+    assert_refused(run_patchkit("smoke", VARIANT, "--host", missing, "--image", "x", "--gpus", "none"),
+                   missing, "connect to the Docker API")
+    assert_refused(run_patchkit("smoke", VARIANT, "--host", "ssh://ops@spark1", "--image", "x"),
+                   "--hf-cache ~/.cache/huggingface", "ssh://ops@spark1", "absolute path")

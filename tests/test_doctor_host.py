@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from engines import DockerdService, _running
 from hostile import assert_no_crash, assert_refused, run_patchkit
+from sshd import SshServer
 
 from patchkit.variants.definitions import find_variant
 from patchkit.variants.host import (
@@ -260,3 +262,24 @@ def test_doctor_host_refuses_bad_input(tmp_path):
     # An ssh host that refuses the connection: nothing can be checked there (ssh exits 255).
     refused = run_patchkit("doctor", "--host", "ssh://127.0.0.1:1", timeout=60)
     assert_refused(refused, "ssh://127.0.0.1:1: cannot run commands there over ssh", "Connection refused")
+
+
+@pytest.fixture(scope="module")
+def dockerd(tmp_path_factory):
+    yield from _running(DockerdService(tmp_path_factory.mktemp("dockerd")))
+
+
+def test_doctor_host_over_ssh(dockerd, tmp_path):
+    """A real sshd on 127.0.0.1 whose sessions see DOCKER_HOST at a real dockerd: every check runs through
+    `ssh HOST -- CMD`, and the engine answers."""
+    with SshServer(tmp_path / "sshd", env={"DOCKER_HOST": dockerd.url}) as sshd:
+        outcome = run_patchkit("doctor", "--host", sshd.url, "--host", "--json", env=sshd.client_env, timeout=120)
+    assert_no_crash(outcome)
+    data = json.loads(outcome.stdout)
+    remote, local = data["hosts"]
+    assert (remote["host"], local["host"]) == (sshd.url, "local")
+    checks = {c["name"]: c for c in remote["checks"]}
+    assert checks["engine"]["level"] == "ok" and checks["engine"]["found"].startswith("server 20.10.24")
+    assert checks["gpu"]["found"] == "nvidia-smi not found: no NVIDIA driver on this host"
+    assert checks["nvcc"]["level"] == "ok" and checks["architecture"]["found"].endswith("not aarch64")
+    assert [c["name"] for c in local["checks"]] == list(checks)  # every host gets every check

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from engines import DockerdService, PodmanService, _running, sdk_client
 from hostile import REPO, assert_refused, run_patchkit
+from sshd import SshServer
 
 from patchkit.variants.smoke.hardware import SMOKE_LABEL
 
@@ -102,12 +103,12 @@ def ours(client) -> list:
     return client.containers.list(all=True, filters={"label": SMOKE_LABEL})
 
 
-def smoke(url: str, image: str, tmp_path: Path, *extra: str, variant: str = VARIANT):
+def smoke(url: str, image: str, tmp_path: Path, *extra: str, variant: str = VARIANT, env: dict | None = None):
     receipt = tmp_path / "receipt.json"
     hf = tmp_path / "hf"
     hf.mkdir(exist_ok=True)
     outcome = run_patchkit("smoke", variant, "--host", url, "--image", image, "--hf-cache", str(hf),
-                           "--receipt", str(receipt), "--health-interval", "0.2", *extra, timeout=180)
+                           "--receipt", str(receipt), "--health-interval", "0.2", *extra, timeout=180, env=env)
     return outcome, (json.loads(receipt.read_text()) if receipt.exists() else None), receipt
 
 
@@ -239,6 +240,18 @@ def test_a_gpu_request_the_engine_cannot_satisfy_is_refused(engine, tmp_path):
             else "accepted the GPU request (--gpus all) but the container has none")
     assert_refused(outcome, url, f"start the container patchkit-smoke-{VARIANT}-0", said)
     assert data is None and ours(client) == []
+
+
+def test_the_same_smoke_over_ssh(engine, tmp_path):
+    """ssh://root@127.0.0.1:PORT through a real sshd: the docker SDK runs the system's ssh client and, on the
+    far side, `docker system dial-stdio` to the engine (DOCKER_HOST from the key's environment)."""
+    url, client, tags, _ = engine
+    with SshServer(tmp_path / "sshd", env={"DOCKER_HOST": url}) as sshd:
+        outcome, data, _ = smoke(sshd.url, tags["good"], tmp_path, "--gpus", "none", env=sshd.client_env)
+    assert outcome.code == 0, outcome.output[-3000:]
+    assert data["hosts"] == [sshd.url] and data["ok"] and data["chat"]["content"] == "17 times 3 is 51."
+    assert data["containers"][0]["host"] == sshd.url
+    assert ours(client) == []
 
 
 def test_unreachable_and_unusable_hosts_are_refused(tmp_path):

@@ -132,7 +132,7 @@ def vllm_repo(tmp_path: Path) -> git.Repo:
 
 class FakeIndex:
     """Simple API project pages (PEP 691 JSON; PEP 503 HTML when `content_type` is text/html) + files,
-    with faults: "truncate" (close mid-body), "http500"."""
+    with faults: "truncate" (close mid-body), "http500", "no-length" (no Content-Length, the body then a close)."""
 
     def __init__(self) -> None:
         self.projects: dict[str, list[dict]] = {}
@@ -156,6 +156,12 @@ class FakeIndex:
                     body, fault = index.bodies[parts[1]], index.faults.get(parts[1])
                     if fault == "http500":
                         return self.send_error(500)
+                    if fault == "no-length":  # a body delimited by the connection's close, of any length
+                        self.close_connection = True
+                        self.send_response(200)
+                        self.send_header("Content-Type", "application/octet-stream")
+                        self.end_headers()
+                        return self.wfile.write(body)
                     if fault == "truncate":
                         self.close_connection = True
                         return self.reply(body, "application/octet-stream", send=len(body) // 2)

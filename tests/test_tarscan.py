@@ -53,15 +53,15 @@ def test_scan_reads_what_tarfile_reads(members, fmt):
         data = make(members, fmt)
     except ValueError:  # a name ustar cannot store: tarfile refuses to write it
         return
-    assert list(scan(io.BytesIO(data), lambda n, k: True)) == reference(data)
-    skipped = list(scan(io.BytesIO(data), lambda n, k: False))
+    assert list(scan(io.BytesIO(data), lambda n, k, s: True)) == reference(data)
+    skipped = list(scan(io.BytesIO(data), lambda n, k, s: False))
     assert [(n, k) for n, k, _ in skipped] == [(n, k) for n, k, _ in reference(data)]
     assert all(body is None for _, _, body in skipped)
 
 
 def test_scan_of_the_real_vllm_sdist_matches_tarfile():
     path = vllm_sdist()
-    wanted = lambda name, kind: name in ("vllm-0.33.0/vllm/envs.py", "vllm-0.33.0/PKG-INFO")  # noqa: E731
+    wanted = lambda name, kind, size: name in ("vllm-0.33.0/vllm/envs.py", "vllm-0.33.0/PKG-INFO")  # noqa: E731
     with open_gzip(path) as stream:
         mine = list(scan(stream, wanted))
     with gzip.open(path) as stream:
@@ -77,4 +77,4 @@ def test_damaged_archives_are_refused(damage):
     data = make([("a/b.py", "file", b"x" * 2000), ("a/c.py", "file", b"y")], tarfile.PAX_FORMAT)
     data = data[:1500] if damage == "truncated" else data + b"junk" + bytes(508)
     with pytest.raises(TarError):
-        list(scan(io.BytesIO(data), lambda n, k: True))
+        list(scan(io.BytesIO(data), lambda n, k, s: True))

@@ -3,16 +3,23 @@
 A .tar.gz cannot be seeked: reaching any member means decompressing everything before it. So a read
 that misses the caches costs one streaming pass over the whole archive (`sources.tarscan`: ISA-L
 inflate and a header scan, under half a second of CPU for vLLM's 47 MB sdist), and that pass keeps in
-memory every file under the package directories (`keep`, ~50 MB for vLLM): after it, no read in this
-process decompresses again. Members actually read also go to the on-disk FileCache together with the
-member list, so a warm run decompresses nothing at all. The pass reads the gzip stream to its very end,
-which checks the CRC and length of the whole archive.
+memory the files under the package directories (`keep`, ~50 MB for vLLM, at most the `member` limit in
+all: past it the rest are left for a later pass): after it, a read in this process seldom decompresses
+again. Members actually read also go to the on-disk FileCache together with the member list, so a warm
+run decompresses nothing at all. The pass reads the gzip stream to its very end, which checks the CRC
+and length of the whole archive.
+
+Member names are compared as an extractor would write them: `vllm/./envs.py`, `//vllm/envs.py` and
+`vllm/envs.py` are one file, so aliases count as stored twice; a name with `..`, a NUL or bytes that are
+not UTF-8 refuses the archive, and so does a member under a name the archive stores as a link or a file
+(a package directory that is a symlink: extracted, its members would be written elsewhere).
 """
 
 from __future__ import annotations
 
+import lzma
 import stat
-import tarfile
+import struct
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable
@@ -27,6 +34,7 @@ from patchkit.sources.base import (
 )
 from patchkit.sources.cache import FileCache
 from patchkit.sources.tarscan import INFLATE_ERRORS, TarError, open_gzip, scan
+from patchkit.untrusted import InputTooLarge, limit_of, open_regular, read_stream
 
 _KINDS = {"dir": "a directory", "link": "a link", "other": "not a regular file", "duplicate": "stored twice"}
 
@@ -35,12 +43,56 @@ class CorruptArchiveError(PatchkitError):
     """The archive cannot be read to its end with valid checksums."""
 
 
+class UnsafeArchiveError(PatchkitError):
+    """A member name no extractor would write where it says (`..`, not UTF-8, under a link) (exit 2)."""
+
+    def __init__(self, path: Path, member: str, problem: str):
+        self.path, self.member, self.problem = path, member, problem
+        super().__init__(f"archive {path}: member {member} {problem}; refused")
+
+
 def _corrupt(path: Path, error: BaseException, discard: Callable[[], None] | None) -> CorruptArchiveError:
     note = ""
     if discard is not None:  # a cache entry: drop it so the next run downloads the archive afresh
         discard()
         note = "; removed it from the cache, the next run downloads it again"
     return CorruptArchiveError(f"archive {path} is corrupt or truncated ({type(error).__name__}: {error}){note}")
+
+
+def member_name(path: Path, raw: str) -> str:
+    """`raw` as an extractor writes it ("./a//b/" -> "a/b"); refuses names that escape or do not decode."""
+    if raw.isascii() and "/." not in raw and "//" not in raw and not raw.startswith((".", "/")) and "\0" not in raw:
+        return raw  # the common case, decided in a few C calls: no "", "." or ".." segment, nothing to decode
+    if "\0" in raw or ".." in raw.split("/"):
+        raise UnsafeArchiveError(path, ascii(raw), "climbs out of the archive ('..') or holds a NUL")
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnsafeArchiveError(path, ascii(raw), "is not UTF-8") from None
+    if "//" in raw or raw.startswith("/") or "." in raw.split("/"):
+        return "/".join(part for part in raw.split("/") if part not in ("", "."))
+    return raw
+
+
+def record(listing: dict[str, str], name: str, kind: str) -> None:
+    """Adds a member to a listing: a second member of that name, unless both are directories, is a duplicate."""
+    previous = listing.get(name)
+    listing[name] = kind if previous is None or previous == kind == "dir" else "duplicate"
+
+
+def check_ancestors(path: Path, listing: dict[str, str]) -> None:
+    """Refuses a member stored under a name the archive also stores as a non-directory."""
+    parents: set[str] = set()
+    for name in listing:
+        parent = name.rpartition("/")[0]
+        while parent and parent not in parents:
+            parents.add(parent)
+            parent = parent.rpartition("/")[0]
+    for parent in sorted(parents):
+        if listing.get(parent, "dir") != "dir":
+            under = next(name for name in listing if name.startswith(parent + "/"))
+            raise UnsafeArchiveError(path, under, f"lies under {parent}, which the archive stores as "
+                                                  f"{_KINDS.get(listing[parent], 'a file')}, not a directory")
 
 
 class TarGzArchive:
@@ -92,57 +144,101 @@ class TarGzArchive:
         return found
 
     def _pass(self, wanted: set[str]) -> None:
+        """One pass: the listing, the `wanted` bodies (each and all within the `member` limit) and as many
+        kept ones as fit in that limit again."""
         listing: dict[str, str] = {}
+        limit = limit_of("member")
+        budget = {"wanted": limit, "kept": limit}
+        self._held = {}
+        named: list = [None, None]  # the raw name `want` last saw and its normal form: each is made once
 
-        def want(name: str, kind: str) -> bool:
-            return name in wanted or self._keep(name)
+        def want(raw: str, kind: str, size: int) -> bool:
+            name = named[1] = member_name(self.path, raw)
+            named[0] = raw
+            if name in wanted:
+                if size > budget["wanted"]:
+                    raise InputTooLarge(f"{self.path}: {name}" + ("" if size > limit else " (with the members "
+                                        "read before it)"), "member", limit, size)
+                budget["wanted"] -= size
+                return True
+            if self._keep(name) and size <= budget["kept"]:
+                budget["kept"] -= size
+                return True
+            return False
 
         try:
-            with open_gzip(self.path) as stream:
-                for name, kind, body in scan(stream, want):
-                    listing[name] = "duplicate" if name in listing and kind == "file" else kind
+            with open_regular(self.path, "archive", f"archive {self.path}") as file, open_gzip(file) as stream:
+                for raw, kind, body in scan(stream, want):
+                    name = named[1] if raw == named[0] else member_name(self.path, raw)
+                    previous = listing.get(name)  # record(), inlined: this loop runs once per member
+                    listing[name] = kind if previous is None or previous == kind == "dir" else "duplicate"
                     if body is not None:
                         self._held[name] = body
         except (TarError, *INFLATE_ERRORS) as error:
             self._held.clear()
             raise _corrupt(self.path, error, self._discard) from error
+        except InputTooLarge as error:
+            self._held.clear()
+            if error.what.startswith(str(self.path)):
+                raise
+            raise InputTooLarge(f"archive {self.path}: {error.what}", error.kind, error.limit, error.size) from None
+        check_ancestors(self.path, listing)
         if self._listing is None and self._files is not None:
             self._files.put_listing(self._key, listing)
         self._listing = listing
 
 
-def _tar_kind(member: tarfile.TarInfo) -> str:
-    if member.isreg():
-        return "file"
-    if member.isdir():
-        return "dir"
-    return "link" if member.issym() or member.islnk() else "other"
+# What zipfile raises for a damaged or hostile archive: a bad header or CRC, a truncated deflate, LZMA or
+# bzip2 stream, a method it lacks (NotImplementedError), an encrypted member (RuntimeError), a name that
+# is not UTF-8 though flagged so (UnicodeDecodeError, a ValueError), a short struct.
+_ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error, lzma.LZMAError, NotImplementedError,
+               RuntimeError, struct.error, OverflowError)
+_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2",
+            zipfile.ZIP_LZMA: "lzma"}
 
 
 class ZipArchive:
-    """Zip members are indexed and checksummed one by one: each read opens just that member."""
+    """Zip members are indexed and checksummed one by one: each read opens just that member, capped."""
 
     def __init__(self, path: Path, *, discard: Callable[[], None] | None = None):
         self.path, self._discard = path, discard
         self._listing: dict[str, str] = {}
+        self._infos: dict[str, zipfile.ZipInfo] = {}
         try:
-            with zipfile.ZipFile(path) as archive:
+            with open_regular(path, "archive", f"archive {path}") as file, zipfile.ZipFile(file) as archive:
                 infos = archive.infolist()
-        except (zipfile.BadZipFile, OSError, EOFError) as error:
+        except _ZIP_ERRORS as error:
             raise _corrupt(path, error, discard) from error
         for info in infos:
-            name = info.filename.rstrip("/")
+            name = member_name(path, info.filename.rstrip("/"))
             kind = "dir" if info.is_dir() else "link" if stat.S_ISLNK(info.external_attr >> 16) else "file"
-            self._listing[name] = "duplicate" if name in self._listing and kind == "file" else kind
+            record(self._listing, name, kind)
+            self._infos[name] = info
+        check_ancestors(path, self._listing)
 
     def listing(self) -> dict[str, str]:
         return self._listing
 
-    def read_many(self, members: Iterable[str]) -> dict[str, bytes]:
+    def read_many(self, members: Iterable[str], kind: str = "member") -> dict[str, bytes]:
+        """Each member inflated to at most `kind`'s limit; a member past it is refused, not read."""
+        limit = limit_of(kind)
+        infos = {member: self._infos[member] for member in members}
+        for member, info in infos.items():
+            if info.flag_bits & 0x1:
+                raise PatchkitError(f"archive {self.path}: {member} is encrypted; patchkit reads plain members only")
+            if info.compress_type not in _METHODS:
+                raise PatchkitError(f"archive {self.path}: {member} is compressed with method {info.compress_type}, "
+                                    f"not one of {', '.join(_METHODS.values())}")
+            if info.file_size > limit:
+                raise InputTooLarge(f"archive {self.path}: {member}", kind, limit, info.file_size)
         try:
-            with zipfile.ZipFile(self.path) as archive:
-                return {member: archive.read(member) for member in members}
-        except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as error:
+            with open_regular(self.path, "archive", f"archive {self.path}") as file, zipfile.ZipFile(file) as archive:
+                found = {}
+                for member, info in infos.items():
+                    with archive.open(info) as stream:
+                        found[member] = read_stream(stream, kind, f"archive {self.path}: {member}", limit)
+                return found
+        except _ZIP_ERRORS as error:
             raise _corrupt(self.path, error, self._discard) from error
 
 
@@ -174,7 +270,8 @@ class ArchiveSource:
             kind = listing.get(f"{root}/{relative}")
             if kind not in (None, "file"):
                 raise PatchkitError(
-                    f"{package}/{relative} is {_KINDS[kind]} in {self._archive.path}: patchkit reads regular files only"
+                    f"{package}/{relative} is {_KINDS.get(kind, 'not a regular file')} in {self._archive.path}: "
+                    "patchkit reads regular files only"
                 )
             if kind == "file":
                 members[path] = f"{root}/{relative}"
@@ -182,7 +279,16 @@ class ArchiveSource:
         return {path: data[members[path]] if path in members else None for path in paths}
 
     def _member(self, name: str) -> bytes | None:
-        """A member outside the packages (metadata), by its full name."""
-        if self._archive.listing().get(name) != "file":
+        """A member outside the packages (metadata), by its full name, within the `metadata` limit."""
+        kind = self._archive.listing().get(name)
+        if kind is None:
             return None
-        return self._archive.read_many([name])[name]
+        if kind != "file":
+            raise PatchkitError(f"{name} is {_KINDS.get(kind, 'not a regular file')} in {self._archive.path}: "
+                                "patchkit reads regular files only")
+        if isinstance(self._archive, ZipArchive):
+            return self._archive.read_many([name], "metadata")[name]
+        data = self._archive.read_many([name])[name]
+        if len(data) > limit_of("metadata"):
+            raise InputTooLarge(f"archive {self._archive.path}: {name}", "metadata", limit_of("metadata"), len(data))
+        return data

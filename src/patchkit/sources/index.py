@@ -1,8 +1,9 @@
 """The Python package index: list a project's files, pick one archive for a version, download it once
 with its sha256 checked while streaming.
 
-pypi-simple reads the project page: it asks for the JSON simple API (PEP 691) first and reads a PEP 503
-HTML page too (a mirror served as static files), resolves each file's URL against the page, and gives
+pypi-simple parses the project page (fetched here as its client would, bounded by the `index-page`
+limit): the JSON simple API (PEP 691) asked for first, a PEP 503 HTML page read too (a mirror served
+as static files); it resolves each file's URL against the page, and gives
 its digests, size (JSON only), yanked state (PEP 592) and, from the file name, its project, version and
 type. What stays here, and why:
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ from rich.progress import (
 )
 
 from patchkit.errors import PatchkitError
+from patchkit.untrusted import InputTooLarge, limit_of
 
 if TYPE_CHECKING:
     from pypi_simple import DistributionPackage
@@ -67,26 +70,54 @@ def project_files(dist: str) -> tuple[str, list[IndexFile]]:
     """(project page URL, the .tar.gz sdists and wheels of `dist` listed there)."""
     # pypi-simple (requests, pydantic) loads only when the index is asked: a warm verify never is.
     import requests
-    from pypi_simple import ACCEPT_JSON_PREFERRED, NoSuchProjectError, PyPISimple, UnsupportedRepoVersionError
+    from pypi_simple import ACCEPT_JSON_PREFERRED, PyPISimple, UnsupportedRepoVersionError
 
     with PyPISimple(endpoint=index_url(), accept=ACCEPT_JSON_PREFERRED) as client:
         page = client.get_project_url(dist)
-        try:
-            listed = client.get_project_page(dist, timeout=TIMEOUT)
-        except NoSuchProjectError as error:
-            raise PatchkitError(f"{dist} is not on the package index ({page} answered HTTP 404)") from error
-        except requests.HTTPError as error:
-            answer = error.response  # raise_for_status: always there
-            raise PatchkitError(
-                f"the package index answered HTTP {answer.status_code} {answer.reason} for {page}"
-            ) from error
-        except requests.RequestException as error:
-            if isinstance(error, requests.JSONDecodeError):  # the page answered, in no JSON
-                raise _not_a_project_page(page, error) from error
-            raise PatchkitError(f"cannot reach the package index at {page}: {error}") from error
-        except (ValueError, UnsupportedRepoVersionError) as error:  # another content type, or files not per PEP 691
-            raise _not_a_project_page(page, error) from error
+    try:
+        listed = _project_page(dist, page, ACCEPT_JSON_PREFERRED)
+    except requests.HTTPError as error:
+        answer = error.response  # raise_for_status: always there
+        raise PatchkitError(
+            f"the package index answered HTTP {answer.status_code} {answer.reason} for {page}"
+        ) from error
+    except requests.RequestException as error:
+        raise PatchkitError(f"cannot reach the package index at {page}: {error}") from error
+    except (ValueError, UnsupportedRepoVersionError) as error:  # another content type, or files not per PEP 691
+        raise _not_a_project_page(page, error) from error
     return page, [file for package in listed.packages if (file := _index_file(package, dist)) is not None]
+
+
+def _project_page(dist: str, page: str, accept: str):
+    """The project page, read as pypi-simple's get_project_page reads it but bounded by the `index-page`
+    limit (decoded: a gzip-encoded page inflates a chunk at a time); JSON parsed fail-closed."""
+    import requests
+    from pypi_simple import ProjectPage, UnsupportedContentTypeError
+
+    with requests.get(page, stream=True, timeout=TIMEOUT, headers={"Accept": accept}) as response:
+        if response.status_code == 404:
+            raise PatchkitError(f"{dist} is not on the package index ({page} answered HTTP 404)")
+        response.raise_for_status()
+        limit, parts, size = limit_of("index-page"), [], 0
+        for chunk in response.iter_content(CHUNK):
+            size += len(chunk)
+            if size > limit:
+                raise InputTooLarge(f"the package index page {page}", "index-page", limit)
+            parts.append(chunk)
+        body, url, content_type = b"".join(parts), response.url, response.headers.get("content-type", "text/html")
+    kind, _, params = content_type.partition(";")
+    kind = kind.strip().lower()
+    if kind == "application/vnd.pypi.simple.v1+json":
+        try:
+            data = json.loads(body)
+        except RecursionError:  # nested deeper than the parser's stack: no index page is
+            raise ValueError("JSON nested too deeply to be a project page") from None
+        return ProjectPage.from_json_data(data, url)  # a ValueError (bad JSON, a 4,300-digit integer) names it
+    if kind in ("application/vnd.pypi.simple.v1+html", "text/html"):
+        charset = next((value.strip().strip('"') for key, _, value in (p.partition("=") for p in params.split(";"))
+                        if key.strip().lower() == "charset"), None)
+        return ProjectPage.from_html(project=dist, html=body, base_url=url, from_encoding=charset)
+    raise UnsupportedContentTypeError(url, content_type)
 
 
 def _not_a_project_page(page: str, error: Exception) -> PatchkitError:
@@ -160,24 +191,54 @@ def _portability(file: IndexFile) -> int:
     return 3
 
 
+class OversizedDownload(PatchkitError):
+    """A download that sends more than the index lists for the file (or its Content-Length says) (exit 2)."""
+
+    def __init__(self, url: str, expected: int, received: int, said_by: str, announced: int | None = None):
+        self.url, self.expected, self.received, self.said_by = url, expected, received, said_by
+        self.announced = announced  # the Content-Length, when it alone was past `expected`: nothing read
+        found = f"the server announces {announced:,} bytes" if announced is not None else f"{received:,} bytes or more"
+        super().__init__(f"download of {url}: {found}, past the {expected:,} bytes {said_by}; "
+                         "stopped there, nothing cached")
+
+
 def download(file: IndexFile, out: BinaryIO, *, progress: bool = True) -> None:
-    """Stream `file` into `out`, checking its sha256; any failure raises (the caller discards `out`)."""
+    """Stream `file` into `out`, checking its sha256; any failure raises (the caller discards `out`).
+
+    It stops at the size the index lists (else the Content-Length, else the `archive` limit): a server
+    cannot make it write more than was announced."""
     import requests
     import urllib3
 
     digest = hashlib.sha256()
     received = 0
+    limit = limit_of("archive")
+    if file.size is not None and file.size > limit:
+        raise InputTooLarge(f"{file.url} (the size the index lists)", "archive", limit, file.size)
     try:
         with requests.get(file.url, stream=True, timeout=TIMEOUT) as response:
             response.raise_for_status()
-            total = int(response.headers.get("content-length") or 0) or file.size
-            with _progress(progress, file.filename, total) as advance:
+            length = response.headers.get("content-length", "")
+            length = int(length) if length.isascii() and length.isdigit() else None
+            if file.size is not None:
+                expected, said_by = file.size, "the index lists"
+                if length is not None and length > file.size:
+                    raise OversizedDownload(file.url, file.size, 0, said_by, announced=length)
+            elif length is not None:
+                expected, said_by = length, "its Content-Length says"
+                if length > limit:
+                    raise InputTooLarge(f"{file.url} (its Content-Length)", "archive", limit, length)
+            else:
+                expected, said_by = limit, "the archive limit allows"
+            with _progress(progress, file.filename, length or file.size) as advance:
                 # The raw bytes, as pip does: a server's transfer Content-Encoding must not be undone
                 # before hashing, or a gzip archive would hash as its decompressed contents.
                 for chunk in response.raw.stream(CHUNK, decode_content=False):
+                    received += len(chunk)
+                    if received > expected:
+                        raise OversizedDownload(file.url, expected, received, said_by)
                     out.write(chunk)
                     digest.update(chunk)
-                    received += len(chunk)
                     advance(len(chunk))
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
         raise PatchkitError(f"download of {file.url} failed after {received} bytes: {error}") from error

@@ -24,6 +24,8 @@ def open_release(dist: str, version: str, *, cache: SdistCache, progress: bool =
     cached = cache.lookup(dist, version)
     if cached is None:
         file = choose_archive(dist, version)
+        cached = cache.adopt(dist, version, file.filename, file.url, file.sha256)  # on disk, as the index says
+    if cached is None:
         with cache.new_archive(dist, version, file.filename, file.url, file.sha256) as out:
             download(file, out, progress=progress)
         cached = cache.lookup(dist, version)
@@ -36,7 +38,7 @@ def open_release(dist: str, version: str, *, cache: SdistCache, progress: bool =
             cached.path, origin=f"{cached.path.name}, {origin}", discard=discard
         )
     else:
-        key = f"{canonicalize_name(dist)}-{Version(version)}-{cached.sha256[:16]}"
+        key = f"{canonicalize_name(dist)}-{Version(version)}-{cached.sha256}"  # bound to the verified archive
         source = SdistSource(
             cached.path, dist=dist, version=version, origin=origin, files=cache.files, key=key, discard=discard
         )

@@ -11,6 +11,7 @@ from patchkit.sources.archives import ArchiveSource, TarGzArchive
 from patchkit.sources.base import PACKAGES
 from patchkit.sources.cache import FileCache
 from patchkit.sources.metadata import core_metadata, same_distribution, same_version
+from patchkit.untrusted import open_regular
 
 # Files beside the packages that say which companion releases a release pins (vLLM: its FlashInfer).
 PIN_FILES = ("requirements/cuda.txt",)
@@ -41,6 +42,8 @@ class SdistSource(ArchiveSource):
         """`dist`/`version`, when given, must match what PKG-INFO says; `files`/`key` cache members on disk."""
         path = Path(path)
         if not path.is_file():
+            if path.exists():  # a FIFO, device or directory: refused as what it is, never opened blocking
+                open_regular(path, "archive", f"sdist {path}").close()
             raise PatchkitError(f"sdist {path} does not exist")
         archive = TarGzArchive(path, keep=_in_package_dirs, files=files, key=key, discard=discard)
         tops = sorted(

@@ -7,13 +7,20 @@ Hand-written because tarfile is the slow part of a cold read, not inflate: for v
 and skips the bodies nobody asked for without copying them out. Inflate is ISA-L's (`isal`, PyPI,
 about 2.5x zlib's speed) when installed, Python's gzip otherwise; either checks the CRC and length of
 the whole stream when it is read to its end, which `scan` always does.
+
+Hostile archives: every number is parsed strictly (octal digits, positive base-256, decimal PAX sizes),
+so no header can move the scan backwards or stay in place; a PAX header or GNU long name is bounded by
+the `member` limit before it is read, and the whole inflated stream by the `tar` limit, so every pass
+ends. Bodies are read a chunk at a time: memory follows what the stream holds, not what a header claims.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from typing import BinaryIO
+
+from patchkit.untrusted import InputTooLarge, limit_of
 
 try:  # ISA-L's inflate where the platform has a wheel (x86-64, aarch64); the same API as gzip
     from isal import igzip as _gzip
@@ -26,23 +33,34 @@ except ImportError:  # pragma: no cover - depends on the platform
 BLOCK = 512
 CHUNK = 4 << 20
 INFLATE_ERRORS = (OSError, EOFError, zlib.error, _inflate_error)
+_OCTAL = b"01234567"
 
 
 class TarError(ValueError):
     """A header that is not a tar header, or an archive that ends mid-member."""
 
 
-def open_gzip(path: Path):
-    return _gzip.open(path, "rb")
+def open_gzip(file: BinaryIO):
+    """The inflated stream of an open gzip file (or path)."""
+    return _gzip.open(file, "rb")
 
 
 class _Buffer:
-    """Forward-only reads over a stream, in big chunks."""
+    """Forward-only reads over a stream, in big chunks, counting what the stream gave against `limit`."""
 
-    def __init__(self, stream):
+    def __init__(self, stream, limit: int):
         self._stream = stream
         self._buf = b""
         self._pos = 0
+        self._read = 0
+        self._limit = limit
+
+    def _chunk(self, n: int) -> bytes:
+        chunk = self._stream.read(n)
+        self._read += len(chunk)
+        if self._read > self._limit:
+            raise InputTooLarge("the tar stream of the archive, inflated", "tar", self._limit)
+        return chunk
 
     def take(self, n: int) -> bytes:
         end = self._pos + n
@@ -50,19 +68,24 @@ class _Buffer:
             data = self._buf[self._pos:end]
             self._pos = end
             return data
-        head = self._buf[self._pos:]
+        parts = [self._buf[self._pos:]]
+        have = len(parts[0])
         while True:
-            chunk = self._stream.read(max(CHUNK, n - len(head)))
+            chunk = self._chunk(CHUNK)
             if not chunk:
                 raise TarError("the archive ends inside a member")
-            need = n - len(head)
+            need = n - have
             if need <= len(chunk):
-                # keep the new chunk as the buffer: only the few bytes before it are copied
+                # keep the new chunk as the buffer: only the bytes before it are copied
                 self._buf, self._pos = chunk, need
-                return head + chunk[:need]
-            head += chunk
+                parts.append(chunk[:need])
+                return b"".join(parts)
+            parts.append(chunk)
+            have += len(chunk)
 
     def skip(self, n: int) -> None:
+        if n < 0:  # sizes are checked where they are parsed; never step back onto a header read before
+            raise TarError(f"a negative skip ({n}) in a tar header")
         left = len(self._buf) - self._pos
         if n <= left:
             self._pos += n
@@ -70,7 +93,7 @@ class _Buffer:
         n -= left
         self._buf, self._pos = b"", 0
         while n:
-            chunk = self._stream.read(min(CHUNK, n))
+            chunk = self._chunk(min(CHUNK, n))
             if not chunk:
                 raise TarError("the archive ends inside a member")
             n -= len(chunk)
@@ -79,41 +102,60 @@ class _Buffer:
         if self._pos < len(self._buf):
             yield self._buf[self._pos:]
         self._buf, self._pos = b"", 0
-        while chunk := self._stream.read(CHUNK):
+        while chunk := self._chunk(CHUNK):
             yield chunk
 
 
 def _octal(field: bytes) -> int:
-    if field[:1] and field[0] & 0x80:  # GNU base-256 for sizes of 8 GiB and more
+    """A header number: octal digits (NUL/space padded), or GNU base-256 (0x80 first: positive only)."""
+    if field[:1] == b"\x80":  # GNU base-256 for sizes of 8 GiB and more
         return int.from_bytes(field[1:], "big")
     text = field.split(b"\0", 1)[0].strip()
-    try:
-        return int(text, 8) if text else 0
-    except ValueError:
-        raise TarError(f"bad number field {field!r} in a tar header") from None
+    if not text:
+        return 0
+    if text.translate(None, _OCTAL):  # a sign, a digit 8/9, '_', base-256 0xff (negative): not a size
+        raise TarError(f"bad number field {field!r} in a tar header")
+    return int(text, 8)
+
+
+def _decimal(value: str, what: str) -> int:
+    if not (value.isascii() and value.isdigit()):
+        raise TarError(f"bad PAX {what} {value[:40]!r}: not a decimal number")
+    return int(value)
 
 
 def _pax(data: bytes) -> dict[str, str]:
-    out, pos = {}, 0
-    while pos < len(data) and data[pos:pos + 1] not in (b"\0", b""):
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
-        key, _, value = data[space + 1:pos + length - 1].partition(b"=")
+    """PAX records, "<length> <key>=<value>\\n" each; a record that does not move forward is refused."""
+    out, pos, end = {}, 0, len(data)
+    while pos < end and data[pos] != 0:
+        space = data.find(b" ", pos, pos + 21)
+        field = data[pos:space] if space > pos else b""
+        if not (field.isascii() and field.isdigit()):
+            raise TarError(f"a PAX record without a length field at byte {pos}: {data[pos:pos + 24]!r}")
+        stop = pos + int(field)
+        if stop <= space + 1 or stop > end or data[stop - 1] != 0x0A:
+            raise TarError(f"a PAX record of length {int(field)} at byte {pos} does not end where it says "
+                           f"(record area of {end} bytes)")
+        key, equals, value = data[space + 1:stop - 1].partition(b"=")
+        if not equals:
+            raise TarError(f"a PAX record at byte {pos} has no '=': {data[pos:min(stop, pos + 40)]!r}")
         out[key.decode("utf-8", "replace")] = value.decode("utf-8", "surrogateescape")
-        pos += length
+        pos = stop
     return out
 
 
 _KIND = {b"0": "file", b"\0": "file", b"7": "file", b"5": "dir", b"1": "link", b"2": "link"}
 
 
-def scan(stream, want: Callable[[str, str], bool]) -> Iterator[tuple[str, str, bytes | None]]:
-    """(name, kind, body or None) per member, in archive order; `want(name, kind)` says whose body to read.
+def scan(stream, want: Callable[[str, str, int], bool]) -> Iterator[tuple[str, str, bytes | None]]:
+    """(name, kind, body or None) per member, in archive order; `want(name, kind, size)` says whose body to
+    read (it bounds the body: it may raise instead).
 
     kind: "file", "dir", "link" (symbolic or hard) or "other". Names lose a leading "./" and trailing "/".
     After the end-of-archive marker only zero padding may follow, read to the end of the stream.
     """
-    buf = _Buffer(stream)
+    buf = _Buffer(stream, limit_of("tar"))
+    header_limit = limit_of("member")
     pax: dict[str, str] = {}
     long_name: str | None = None
     while True:
@@ -126,6 +168,9 @@ def scan(stream, want: Callable[[str, str], bool]) -> Iterator[tuple[str, str, b
         flag = header[156:157]
         size = _octal(header[124:136])
         if flag in (b"x", b"g", b"L", b"K"):
+            if size > header_limit:
+                raise InputTooLarge(f"a {'PAX header' if flag in b'xg' else 'GNU long name'} in the archive",
+                                    "member", header_limit, size)
             data = buf.take(size)
             buf.skip(-size % BLOCK)
             if flag == b"x":
@@ -138,7 +183,7 @@ def scan(stream, want: Callable[[str, str], bool]) -> Iterator[tuple[str, str, b
             name = header[345:500].split(b"\0", 1)[0] + b"/" + name
         text = pax.get("path") or long_name or name.decode("utf-8", "surrogateescape")
         if "size" in pax:
-            size = int(pax["size"])
+            size = _decimal(pax["size"], "size")
         kind = _KIND.get(flag, "other")
         if kind == "file" and flag != b"7" and text.endswith("/"):
             kind = "dir"  # old V7 tars mark directories by the trailing slash alone
@@ -148,7 +193,7 @@ def scan(stream, want: Callable[[str, str], bool]) -> Iterator[tuple[str, str, b
             size = 0 if kind in ("dir", "link") else size
             buf.skip(size + (-size % BLOCK))
             yield text, kind, None
-        elif want(text, kind):
+        elif want(text, kind, size):
             body = buf.take(size)
             buf.skip(-size % BLOCK)
             yield text, kind, body

@@ -10,6 +10,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from patchkit.errors import PatchkitError
 from patchkit.sources.archives import ArchiveSource, ZipArchive
 from patchkit.sources.metadata import core_metadata, same_distribution, same_version
+from patchkit.untrusted import open_regular
 
 
 class WheelSource(ArchiveSource):
@@ -17,6 +18,8 @@ class WheelSource(ArchiveSource):
         """The file name, the METADATA and (for index downloads) the asked-for version must all agree."""
         path = Path(path)
         if not path.is_file():
+            if path.exists():  # a FIFO, device or directory: refused as what it is, never opened blocking
+                open_regular(path, "archive", f"wheel {path}").close()
             raise PatchkitError(f"wheel {path} does not exist")
         try:
             name, version, _, _ = parse_wheel_filename(path.name)

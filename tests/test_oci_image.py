@@ -14,6 +14,7 @@ from patchkit.oci.image import (
 )
 from patchkit.oci.layer import Entry, build_layer
 from patchkit.oci.layout import Layout, write_layout
+from patchkit.oci.schema import PlatformSpec
 from patchkit.oci.media import (
     OCI_CONFIG,
     OCI_LAYER_GZIP,
@@ -75,7 +76,7 @@ def test_layout_round_trip(tmp_path):
     index = layout_index(manifest, Platform.parse("linux/arm64"), "t1")
     write_layout(tmp_path / "out", index, {sha256_digest(manifest): manifest, LAYER.digest: LAYER.blob})
     layout = Layout(tmp_path / "out")
-    assert layout.resolve("t1")["platform"] == {"architecture": "arm64", "os": "linux"}
+    assert layout.resolve("t1").platform == PlatformSpec("arm64", "linux")
     assert layout.read_blob(LAYER.digest) == LAYER.blob
     assert json.loads((tmp_path / "out" / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
     with pytest.raises(PatchkitError, match="no image named"):

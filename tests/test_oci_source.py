@@ -7,6 +7,8 @@ from patchkit.errors import PatchkitError
 from patchkit.oci.base import open_base
 from patchkit.oci.media import Platform
 from patchkit.oci.source import ImageLayersSource, PackageRoot
+from patchkit.oci.verified import BlobMismatch
+from patchkit.untrusted import InputTooLarge
 
 SITE = "usr/lib/python3.12/site-packages"
 ARM64 = Platform.parse("linux/arm64")
@@ -120,9 +122,29 @@ def test_a_corrupted_layer_blob_is_detected(tmp_path):
     good = tar_gz({f"{SITE}/vllm/a.py": b"a\n"})
     src = source(tmp_path, [good])
     path = src.base.layout.blob_path(src.base.layers[0]["digest"])
-    path.write_bytes(tar_gz({f"{SITE}/vllm/a.py": b"evil\n"})[0])
-    with pytest.raises(PatchkitError, match="does not match"):
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # same size, one bit flipped
+    with pytest.raises(BlobMismatch, match="does not match its digest") as err:
         src.read("vllm", "a.py")
+    assert err.value.problem == "digest" and err.value.digest == src.base.layers[0]["digest"]
+
+
+def test_a_layer_blob_longer_than_its_descriptor_is_read_no_further(tmp_path):
+    good = tar_gz({f"{SITE}/vllm/a.py": b"a\n"})
+    src = source(tmp_path, [good])
+    path = src.base.layout.blob_path(src.base.layers[0]["digest"])
+    path.write_bytes(path.read_bytes() + b"\0" * (1 << 20))
+    with pytest.raises(BlobMismatch) as err:
+        src.read("vllm", "a.py")
+    assert (err.value.problem, err.value.size) == ("longer", len(good[0]))
+
+
+def test_a_member_past_the_member_limit_is_refused_unread(tmp_path, monkeypatch):
+    src = source(tmp_path, [tar_gz({f"{SITE}/vllm/a.py": b"x" * 4096})])
+    monkeypatch.setenv("PATCHKIT_LIMIT_MEMBER", "1000")
+    with pytest.raises(InputTooLarge) as err:
+        src.read("vllm", "a.py")
+    assert (err.value.kind, err.value.size) == ("member", 4096)
 
 
 def test_bytecode_of_a_module_is_listed(tmp_path):

@@ -25,7 +25,7 @@ from patchkit.images.labels import describe_image
 from patchkit.images.prepare import Prepared
 from patchkit.oci.image import layout_index, new_config, new_manifest
 from patchkit.oci.layer import Entry, Layer, build_layer, whiteout_path
-from patchkit.oci.layout import write_layout
+from patchkit.oci.layout import LocalBlob, write_layout
 from patchkit.oci.media import OCI_MANIFEST, canonical_json, sha256_digest
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference, RegistryClient
@@ -69,9 +69,11 @@ def assemble(prepared: Prepared, *, epoch: int | None = None, revision: str | No
 
 
 def write_output(built: Built, dest: Path) -> Path:
-    """An OCI image layout with every blob (base layers fetched into the cache first if remote)."""
+    """An OCI image layout with every blob (base layers fetched into the cache first if remote), each base
+    layer hashed against its descriptor on the way in: the layers the build did not read are checked
+    here, and the output holds regular files only, never a link into the base."""
     base = built.prepared.base
-    blobs: dict[str, bytes | Path] = {d["digest"]: base.blob(d["digest"], d.get("size")) for d in base.layers}
+    blobs: dict[str, bytes | LocalBlob] = {d["digest"]: base.local_blob(d["digest"], d["size"]) for d in base.layers}
     blobs[built.layer.digest] = built.layer.blob
     blobs[sha256_digest(built.config_bytes)] = built.config_bytes
     blobs[built.digest] = built.manifest_bytes
@@ -98,7 +100,7 @@ def push_image(built: Built, refs: Sequence[str], *, progress: Progress | None =
             if same_registry and client.mount_blob(repo, digest, base.reference.repository):
                 progress.note(f"mounted {digest[:19]} from {base.reference.repository}")
                 continue
-            client.upload_blob(repo, digest, base.copy_source(digest, desc.get("size")))
+            client.upload_blob(repo, digest, base.copy_source(digest, desc["size"]))  # verified as it is sent
         for digest, data in ((built.layer.digest, built.layer.blob),
                              (sha256_digest(built.config_bytes), built.config_bytes)):
             if not client.blob_exists(repo, digest):
@@ -127,4 +129,9 @@ def describe(built: Built, progress: Progress) -> None:
         say(f"  D {pyc} (stale bytecode)")
     for key, value in p.image.env.items():
         say(f"  ENV {key}={value}")
+    read = set(getattr(p.source, "layers_read", ()))
+    for d in p.base.layers:
+        if d["digest"] not in read:
+            say(f"  base layer {d['digest']} ({d['size']:,} B) not read: it holds none of the files to patch, "
+                "and a dry run does not check its digest (a build does, on the way into the output)")
     say(f"would produce {built.digest} (tag {built.tag}, layer {built.layer.size} bytes); nothing written")

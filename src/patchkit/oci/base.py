@@ -9,23 +9,32 @@ second build reads nothing from the network.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+
+import msgspec
 
 from patchkit.errors import PatchkitError
-from patchkit.oci.layout import Layout
+from patchkit.jsondata import decode
+from patchkit.oci.layout import Layout, LocalBlob
 from patchkit.oci.media import (
     INDEX_TYPES,
     MANIFEST_TYPES,
     Platform,
     check_digest,
-    load_json,
     sha256_digest,
 )
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference, RegistryClient
+from patchkit.oci.schema import Descriptor, ImageConfig, Index, Manifest, Typed, parse
+from patchkit.oci.verified import VerifiedStream, check_bytes
 from patchkit.sources.cache import default_cache_root
+from patchkit.untrusted import open_regular, read_file
+
+# An index may name an index (a nested list); real ones nest once. Deeper is refused, so a registry
+# cannot keep a build following an endless chain of generated indexes.
+MAX_INDEX_DEPTH = 4
 
 
 def default_cache() -> Path:
@@ -40,10 +49,10 @@ class BaseImage:
     digest: str                   # what the spec resolved to (index or manifest): base.digest
     platform: Platform
     manifest_bytes: bytes
-    manifest: dict
+    manifest: dict                # checked against oci.schema.Manifest before it is kept here
     manifest_digest: str
     config_bytes: bytes
-    config: dict
+    config: dict                  # checked against oci.schema.ImageConfig
     reference: Reference | None = None
     layout: Layout | None = None
     cache: Path = field(default_factory=default_cache)
@@ -60,7 +69,9 @@ class BaseImage:
         return self.cache / "blobs" / "sha256" / check_digest(digest).split(":", 1)[1]
 
     def blob(self, digest: str, size: int | None = None) -> Path:
-        """A local file holding blob `digest`: in the base layout, or in the cache (downloaded once)."""
+        """A local file holding blob `digest`: in the base layout, or in the cache (downloaded once,
+        verified on the way in). Whoever reads it checks it again (`open_blob`, `local_blob`): a file on
+        disk can change after it was written."""
         if self.layout is not None:
             return self.layout.blob_path(digest)
         path = self.cached_path(digest)
@@ -70,21 +81,39 @@ class BaseImage:
             self.fetched.append(digest)
         return path
 
+    def local_blob(self, digest: str, size: int) -> LocalBlob:
+        """Blob `digest` on disk for an output layout, which hashes it on the way in."""
+        return LocalBlob(self.blob(digest, size), size, cached=self.layout is None)
 
-    def open_blob(self, digest: str, size: int | None = None) -> BinaryIO:
-        """A reader over blob `digest`: a local file when there is one (layout, cache), else a download
-        that is cached (`keep`) or streamed. Callers that need certainty hash what they read."""
+    def small_blob(self, digest: str, size: int) -> bytes:
+        """A manifest or config blob whole (bounded by the manifest limit), checked against its descriptor."""
+        if self.layout is not None:
+            return self.layout.read_blob(digest, size)
+        what, path = f"base {self.spec}", self.blob(digest, size)
+        data = read_file(path, "manifest", f"{what}: blob {digest}")
+        with VerifiedStream(io.BytesIO(data), digest, size, what, discard=path) as stream:
+            stream.finish()
+        return data
+
+    def open_blob(self, digest: str, size: int) -> VerifiedStream:
+        """A reader over blob `digest` that stops at `size` bytes and checks the digest at its end (call
+        `finish()`): a local file when there is one (layout, cache), else a download that is cached
+        (`keep`) or streamed."""
+        what = f"base {self.spec}"
         if self.layout is not None or self.keep or self.cached_path(digest).is_file():
-            return open(self.blob(digest, size), "rb")
+            path = self.blob(digest, size)
+            return VerifiedStream(open_regular(path, "layer", f"{what}: blob {digest}"), digest, size, what,
+                                  discard=path if self.layout is None else None)
         assert self.client is not None and self.reference is not None
         return self.client.stream_blob(self.reference.repository, digest, size)
 
-    def copy_source(self, digest: str, size: int | None = None) -> Path | object:
-        """What to upload blob `digest` from: its local file, or a stream from the base's registry."""
-        if self.layout is not None or self.cached_path(digest).is_file():
-            return self.blob(digest, size)
-        assert self.client is not None and self.reference is not None
-        return self.client.stream_blob(self.reference.repository, digest, size)
+    def copy_source(self, digest: str, size: int) -> VerifiedStream:
+        """What to upload blob `digest` from, verified as it is read: its local file, or a stream from the
+        base's registry."""
+        if self.layout is None and not self.cached_path(digest).is_file():
+            assert self.client is not None and self.reference is not None
+            return self.client.stream_blob(self.reference.repository, digest, size)
+        return self.open_blob(digest, size)
 
 
 def open_base(spec: str, platform: Platform, *, cache: Path | None = None,
@@ -100,17 +129,16 @@ def open_base(spec: str, platform: Platform, *, cache: Path | None = None,
     data, media_type = client.get_manifest(ref.repository, wanted)
     top_digest = sha256_digest(data)
 
-    def fetch_manifest(digest: str) -> tuple[bytes, str]:
-        return client.get_manifest(ref.repository, digest)
+    def fetch_manifest(desc: Descriptor) -> tuple[bytes, str]:
+        child, child_type = client.get_manifest(ref.repository, desc.digest)
+        return check_bytes(child, desc.digest, desc.size, f"base {spec}"), child_type
 
     manifest_bytes, manifest_digest = _select(spec, data, media_type, platform, fetch_manifest)
-    manifest = load_json(manifest_bytes, f"manifest {manifest_digest} of {spec}")
+    doc, manifest = parse(manifest_bytes, Manifest, f"manifest {manifest_digest} of {spec}")
     base = BaseImage(spec=spec, name=str(ref.with_tag(ref.tag)), digest=top_digest, platform=platform,
                      manifest_bytes=manifest_bytes, manifest=manifest, manifest_digest=manifest_digest,
                      config_bytes=b"", config={}, reference=ref, cache=cache or default_cache(), client=client, keep=keep)
-    cfg_desc = _config_descriptor(manifest, spec)
-    config_bytes = base.blob(cfg_desc["digest"]).read_bytes()
-    return _finish(base, config_bytes)
+    return _finish(base, base.small_blob(doc.config.digest, doc.config.size))
 
 
 def _layout_spec(spec: str) -> tuple[Path, str | None] | None:
@@ -125,67 +153,57 @@ def _layout_spec(spec: str) -> tuple[Path, str | None] | None:
     return None
 
 
+def _media_type(data: bytes, what: str) -> str:
+    """The media type a manifest or index names itself by ("" when it names none)."""
+    return decode(data, Typed, what).mediaType or ""
+
+
 def _from_layout(spec: str, layout: Layout, ref: str | None, platform: Platform, cache: Path | None) -> BaseImage:
     entry = layout.resolve(ref)
-    top = layout.read_blob(check_digest(entry.get("digest", ""), f"{spec} index entry"))
+    top = layout.read_blob(entry.digest, entry.size)
 
-    def fetch_manifest(digest: str) -> tuple[bytes, str]:
-        data = layout.read_blob(digest)
-        return data, load_json(data, f"{spec} blob {digest}").get("mediaType", "")
+    def fetch_manifest(desc: Descriptor) -> tuple[bytes, str]:
+        data = layout.read_blob(desc.digest, desc.size)
+        return data, _media_type(data, f"{spec} blob {desc.digest}")
 
-    media_type = load_json(top, f"{spec} manifest").get("mediaType") or entry.get("mediaType", "")
+    media_type = _media_type(top, f"{spec} manifest {entry.digest}") or entry.mediaType
     manifest_bytes, manifest_digest = _select(spec, top, media_type, platform, fetch_manifest)
-    manifest = load_json(manifest_bytes, f"manifest {manifest_digest} of {spec}")
-    config_bytes = layout.read_blob(_config_descriptor(manifest, spec)["digest"])
+    doc, manifest = parse(manifest_bytes, Manifest, f"manifest {manifest_digest} of {spec}")
+    config_bytes = layout.read_blob(doc.config.digest, doc.config.size)
     base = BaseImage(spec=spec, name=f"oci-layout:{layout.root.resolve()}" + (f":{ref}" if ref else ""),
-                     digest=entry["digest"], platform=platform, manifest_bytes=manifest_bytes, manifest=manifest,
+                     digest=entry.digest, platform=platform, manifest_bytes=manifest_bytes, manifest=manifest,
                      manifest_digest=manifest_digest, config_bytes=b"", config={}, layout=layout,
                      cache=cache or default_cache())
     return _finish(base, config_bytes)
 
 
-def _select(spec: str, data: bytes, media_type: str, platform: Platform, fetch) -> tuple[bytes, str]:
+def _select(spec: str, data: bytes, media_type: str, platform: Platform, fetch, depth: int = 0) -> tuple[bytes, str]:
     """The platform manifest: `data` itself, or the one entry of the index `data` for `platform`."""
     if media_type in MANIFEST_TYPES:
         return data, sha256_digest(data)
     if media_type not in INDEX_TYPES:
         raise PatchkitError(f"base {spec}: unsupported manifest type {media_type!r}")
-    index = load_json(data, f"index of {spec}")
-    matches = [m for m in index.get("manifests") or [] if platform.matches(m.get("platform") or {})]
+    if depth >= MAX_INDEX_DEPTH:
+        raise PatchkitError(f"base {spec}: indexes nested more than {MAX_INDEX_DEPTH} deep; refused")
+    index = decode(data, Index, f"index {sha256_digest(data)} of {spec}")
+    platforms = [(m, msgspec.structs.asdict(m.platform) if m.platform else {}) for m in index.manifests]
+    matches = [m for m, p in platforms if platform.matches(p)]
     if not matches:
-        have = sorted(str(Platform(**{k: p.get(k) for k in ("os", "architecture", "variant")}))
-                      for p in (m.get("platform") or {} for m in index.get("manifests") or [])
-                      if p.get("os") and p.get("architecture"))
+        have = sorted(str(Platform(p["os"], p["architecture"], p.get("variant"))) for _, p in platforms if p)
         raise PatchkitError(f"base {spec} has no {platform} image (it has: {', '.join(have) or 'none'})")
-    if len({m["digest"] for m in matches}) > 1:
+    if len({m.digest for m in matches}) > 1:
         raise PatchkitError(f"base {spec} has {len(matches)} different {platform} images; name one by digest")
-    digest = check_digest(matches[0]["digest"], f"{spec} {platform} entry")
-    child, child_type = fetch(digest)
-    if sha256_digest(child) != digest:
-        raise PatchkitError(f"base {spec}: {platform} manifest does not match {digest}")
-    child_type = child_type or matches[0].get("mediaType", "")
+    child, child_type = fetch(matches[0])
+    child_type = child_type or matches[0].mediaType
     if child_type in INDEX_TYPES:
-        return _select(spec, child, child_type, platform, fetch)
-    return child, digest
-
-
-def _config_descriptor(manifest: dict, spec: str) -> dict:
-    cfg = manifest.get("config")
-    if not isinstance(cfg, dict) or "digest" not in cfg:
-        raise PatchkitError(f"base {spec}: manifest has no config descriptor")
-    check_digest(cfg["digest"], f"base {spec} config")
-    return cfg
+        return _select(spec, child, child_type, platform, fetch, depth + 1)
+    return child, matches[0].digest
 
 
 def _finish(base: BaseImage, config_bytes: bytes) -> BaseImage:
-    cfg_digest = base.manifest["config"]["digest"]
-    if sha256_digest(config_bytes) != cfg_digest:
-        raise PatchkitError(f"base {base.spec}: config blob does not match {cfg_digest}")
     base.config_bytes = config_bytes
-    base.config = load_json(config_bytes, f"config of {base.spec}")
-    if not base.platform.matches(base.config):
-        got = f"{base.config.get('os')}/{base.config.get('architecture')}"
+    doc, base.config = parse(config_bytes, ImageConfig, f"config of {base.spec}")
+    if not base.platform.matches(msgspec.structs.asdict(doc)):
+        got = f"{doc.os}/{doc.architecture}"
         raise PatchkitError(f"base {base.spec} is a {got} image, not {base.platform}")
-    for desc in base.layers:
-        check_digest(desc.get("digest", ""), f"base {base.spec} layer")
     return base

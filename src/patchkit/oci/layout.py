@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
@@ -18,9 +19,11 @@ from patchkit.oci.media import (
     INDEX_TYPES,
     canonical_json,
     check_digest,
-    load_json,
     sha256_digest,
 )
+from patchkit.oci.schema import Descriptor, Index, parse
+from patchkit.oci.verified import CHUNK, VerifiedStream, check_bytes
+from patchkit.untrusted import open_regular, read_file
 
 LAYOUT_FILE = "oci-layout"
 LAYOUT_VERSION = {"imageLayoutVersion": "1.0.0"}
@@ -31,14 +34,26 @@ def is_layout(path: Path) -> bool:
     return (path / LAYOUT_FILE).is_file() and (path / "index.json").is_file()
 
 
+@dataclass(frozen=True)
+class LocalBlob:
+    """A blob on disk (a base layout's, the cache's) to go into an output, with its descriptor's size:
+    it is hashed on the way in and refused unless it matches."""
+
+    path: Path
+    size: int
+    cached: bool = False  # a file of patchkit's own cache: removed if it does not match
+
+
 class Layout:
-    """A layout directory being read (a base given as `--base DIR` or `--base DIR:REF`)."""
+    """A layout directory being read (a base given as `--base DIR` or `--base DIR:REF`). Every file in it
+    is outside input: index.json and the blobs are read within their limits and checked before use."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
         if not is_layout(self.root):
             raise PatchkitError(f"{self.root} is not an OCI image layout (no oci-layout and index.json)")
-        self.index = load_json((self.root / "index.json").read_bytes(), f"{self.root}/index.json")
+        what = f"{self.root}/index.json"
+        self.index_doc, self.index = parse(read_file(self.root / "index.json", "manifest", what), Index, what)
 
     def blob_path(self, digest: str) -> Path:
         algo, _, hexdigest = check_digest(digest).partition(":")
@@ -47,31 +62,57 @@ class Layout:
             raise PatchkitError(f"OCI layout {self.root} lacks blob {digest}")
         return path
 
-    def read_blob(self, digest: str) -> bytes:
-        data = self.blob_path(digest).read_bytes()
-        if sha256_digest(data) != digest:
-            raise PatchkitError(f"OCI layout {self.root}: blob {digest} does not match its digest")
-        return data
+    def read_blob(self, digest: str, size: int | None = None, kind: str = "manifest") -> bytes:
+        """A small blob (an index, manifest or config) whole, within `kind`'s limit, of the size its
+        descriptor gives and matching its digest."""
+        what = f"OCI layout {self.root}"
+        return check_bytes(read_file(self.blob_path(digest), kind, f"{what}: blob {digest}"), digest, size, what)
 
-    def resolve(self, ref: str | None) -> dict:
+    def resolve(self, ref: str | None) -> Descriptor:
         """The index.json entry tagged `ref`, or the only entry when no ref is given."""
-        entries = self.index.get("manifests") or []
+        def name(e: Descriptor) -> str | None:
+            return (e.annotations or {}).get(REF_NAME)
+
+        entries = self.index_doc.manifests
         if ref is not None:
-            entries = [e for e in entries if (e.get("annotations") or {}).get(REF_NAME) == ref
-                       or e.get("digest") == ref]
+            entries = [e for e in entries if name(e) == ref or e.digest == ref]
             if not entries:
                 raise PatchkitError(f"OCI layout {self.root} has no image named {ref!r}")
         if len(entries) != 1:
-            names = sorted((e.get("annotations") or {}).get(REF_NAME, e.get("digest", "?"))
-                           for e in self.index.get("manifests") or [])
+            names = sorted(name(e) or e.digest for e in self.index_doc.manifests)
             raise PatchkitError(f"OCI layout {self.root} holds {len(names)} images ({', '.join(names)}): "
                                 f"name one as {self.root}:NAME")
         return entries[0]
 
 
-def write_layout(dest: Path, index: Mapping, blobs: Mapping[str, bytes | Path]) -> None:
-    """Write a complete layout at `dest`: `blobs` maps digest -> bytes, or -> a file already verified
-    against that digest (hard-linked when on the same file system, else copied).
+def _put_file(blob: LocalBlob, digest: str, target: Path) -> None:
+    """`blob` into the output as a regular file of its own name, verified: hashed through the file
+    descriptor it was opened by, then hard-linked only if the link is that very inode (else, and across
+    file systems, copied from that descriptor while hashed again). A symbolic link in a base layout is
+    followed to what it names and never copied as a link."""
+    what = f"{blob.path}"
+    with open_regular(blob.path, "layer", what) as f:
+        VerifiedStream(f, digest, blob.size, what, discard=blob.path if blob.cached else None).finish()
+        hashed = os.fstat(f.fileno())
+        try:
+            os.link(blob.path, target)  # follows a link in the base to the file it names
+            linked = os.lstat(target)
+            if (linked.st_dev, linked.st_ino) == (hashed.st_dev, hashed.st_ino):
+                return
+            target.unlink()  # the path was swapped after the hash: copy the inode that was hashed
+        except OSError:
+            pass  # another file system, or hard links refused: copy
+        f.seek(0)
+        stream = VerifiedStream(f, digest, blob.size, what)
+        with open(target, "wb") as out:
+            while chunk := stream.read(CHUNK):
+                out.write(chunk)
+            stream.finish()
+
+
+def write_layout(dest: Path, index: Mapping, blobs: Mapping[str, bytes | LocalBlob]) -> None:
+    """Write a complete layout at `dest`: `blobs` maps digest -> bytes, or -> a file on disk, which goes in
+    only once it hashed to that digest (`_put_file`).
 
     An existing `dest` is replaced only if it is itself an OCI layout or empty: patchkit never deletes
     a directory it did not write.
@@ -91,10 +132,7 @@ def write_layout(dest: Path, index: Mapping, blobs: Mapping[str, bytes | Path]) 
                     raise PatchkitError(f"internal error: blob content does not match {digest}")
                 target.write_bytes(content)
             else:
-                try:
-                    os.link(content, target)
-                except OSError:
-                    shutil.copyfile(content, target)
+                _put_file(content, digest, target)
         (tmp / LAYOUT_FILE).write_text(json.dumps(LAYOUT_VERSION))
         if index.get("mediaType") not in INDEX_TYPES:
             raise PatchkitError("internal error: layout index is not an image index")

@@ -8,7 +8,6 @@ import re
 from dataclasses import dataclass
 
 from patchkit.errors import PatchkitError
-from patchkit.jsondata import load_json_object as load_json  # noqa: F401  (used by the oci modules)
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"

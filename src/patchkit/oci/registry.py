@@ -4,7 +4,10 @@ Only what an append-one-layer build needs (distribution-spec v1.1): GET/HEAD/PUT
 blobs, monolithic blob upload (POST then PUT ?digest=), and `POST /v2/<name>/blobs/uploads/
 ?mount=<digest>&from=<repo>` so base layers already in the registry are linked into the target
 repository instead of being downloaded and uploaded again. Every byte read is checked against the
-digest it was asked for: a registry cannot hand back different content than the reference pins.
+digest it was asked for: a registry cannot hand back different content than the reference pins. Every
+answer is outside input: a manifest or token answer is read up to the manifest limit and no further, a
+blob stops at the size its descriptor gives (oci.verified), an error body is read for its first 64 KiB,
+and JSON answers are decoded against their shape.
 
 Credentials come from the files `docker login`/`podman login` write (`$REGISTRY_AUTH_FILE`,
 `$DOCKER_CONFIG/config.json`, `~/.docker/config.json`), inline entries and credential helpers alike
@@ -15,8 +18,6 @@ unless listed in `$PATCHKIT_INSECURE_REGISTRIES` (comma-separated host[:port]).
 from __future__ import annotations
 
 import base64
-import hashlib
-import json
 import os
 import re
 import tempfile
@@ -24,9 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin
 
+import msgspec
 import requests
 
 from patchkit.errors import PatchkitError
+from patchkit.jsondata import MalformedJson, decode, load_json_object
 from patchkit.oci.media import (
     DOCKER_LIST,
     DOCKER_MANIFEST,
@@ -36,12 +39,16 @@ from patchkit.oci.media import (
     sha256_digest,
 )
 from patchkit.oci.progress import Progress, Quiet
+from patchkit.oci.schema import Typed
+from patchkit.oci.verified import BlobMismatch, VerifiedStream
+from patchkit.untrusted import InputTooLarge, limit_of, open_regular, read_file
 
 MANIFEST_ACCEPT = ", ".join([OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST])
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
 TIMEOUT = (10, 300)  # connect, read (seconds)
 CHUNK = 1 << 20
+ERROR_TEXT = 64 << 10  # what is read of an error answer's body: its message is in the first few hundred bytes
 
 _REF_RE = re.compile(
     r"^(?P<repo>[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*)"
@@ -109,7 +116,7 @@ def _credentials(registry: str) -> tuple[str, str] | None:
         if not os.path.isfile(path):
             continue
         try:
-            json.loads(Path(path).read_text())  # the SDK would skip a malformed file without a word
+            load_json_object(read_file(path, "config"), path)  # the SDK would skip a malformed file without a word
             entry = docker.auth.resolve_authconfig(docker.auth.load_config(config_path=path), name)
         except (docker.errors.DockerException, OSError, ValueError) as exc:
             raise PatchkitError(f"{path}: cannot read the credentials for {registry}: {exc}") from None
@@ -125,24 +132,55 @@ def _parse_challenge(header: str) -> tuple[str, dict[str, str]]:
     return scheme.lower(), dict(re.findall(r'(\w+)="([^"]*)"', params))
 
 
-class _Upload:
-    """A file body with a length (so requests sends Content-Length, not chunked) and progress."""
+class _Token(msgspec.Struct):
+    token: str = ""
+    access_token: str = ""
 
-    def __init__(self, path: Path, advance):
-        self._f = open(path, "rb")
-        self._len = path.stat().st_size
+
+class _ErrorItem(msgspec.Struct):
+    code: str = ""
+    message: str = ""
+
+
+class _Errors(msgspec.Struct):
+    errors: list[_ErrorItem] = []
+
+
+class _Upload:
+    """A verified blob body with a length (so requests sends Content-Length, not chunked) and progress."""
+
+    def __init__(self, stream: VerifiedStream, advance):
+        self._stream = stream
         self._advance = advance
 
     def __len__(self) -> int:
-        return self._len
+        return len(self._stream)
 
     def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
+        data = self._stream.read(n)
         self._advance(len(data))
         return data
 
-    def close(self) -> None:
-        self._f.close()
+
+def read_body(resp: requests.Response, kind: str, what: str) -> bytes:
+    """A response body up to `kind`'s limit, refused past it (a declared Content-Length over it before
+    a byte is read); a connection lost mid-body is an error, not a short document."""
+    limit = limit_of(kind)
+    declared = resp.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > limit:
+        resp.close()
+        raise InputTooLarge(what, kind, limit, int(declared))
+    data = bytearray()
+    try:
+        for chunk in resp.iter_content(CHUNK):
+            data += chunk
+            if len(data) > limit:
+                raise InputTooLarge(what, kind, limit)
+    except requests.RequestException as exc:
+        raise PatchkitError(f"{what}: the answer broke off: {exc.__class__.__name__}: {exc}") from None
+    finally:
+        resp.close()
+    return bytes(data)
 
 
 class RegistryClient:
@@ -158,27 +196,34 @@ class RegistryClient:
         self._basic: str | None = None
 
     # -- plumbing -------------------------------------------------------------------------------
-    def _request(self, method: str, path_or_url: str, scopes: tuple[str, ...], *, ok=(200,), **kw) -> requests.Response:
+    def _request(self, method: str, path_or_url: str, scopes: tuple[str, ...], *, ok=(200,), keep_open=False,
+                 **kw) -> requests.Response:
+        """The answer to one request (after one round of authentication), its status in `ok`; closed
+        unread unless `keep_open` (the caller then reads the body, bounded, and closes it)."""
         url = path_or_url if path_or_url.startswith("http") else urljoin(self.base_url, path_or_url)
         headers = dict(kw.pop("headers", {}))
         for attempt in range(2):
             auth = self._tokens.get(" ".join(scopes)) or self._basic
             if auth:
                 headers["Authorization"] = auth
-            body = kw.get("data")
-            if attempt and hasattr(body, "_f"):
-                body._f.seek(0)
+            if attempt and hasattr(kw.get("data"), "read"):
+                raise PatchkitError(f"registry {self.registry} asked for credentials again in the middle of "
+                                    f"{method} {url}; a streamed body cannot be sent twice")
             try:
-                resp = self.session.request(method, url, headers=headers, timeout=TIMEOUT, **kw)
+                # Always streamed: a body is read only by the caller that wants it, and then bounded.
+                resp = self.session.request(method, url, headers=headers, timeout=TIMEOUT, stream=True, **kw)
             except requests.RequestException as exc:
                 raise PatchkitError(f"cannot reach registry {self.registry}: {exc.__class__.__name__}: {exc}") from None
             if resp.status_code == 401 and attempt == 0:
+                resp.close()
                 self._authenticate(resp, scopes)
                 continue
             break
         if resp.status_code not in ok:
             raise PatchkitError(f"registry {self.registry}: {method} {url} answered {resp.status_code}: "
                                 f"{_error_text(resp)}")
+        if not keep_open:
+            resp.close()
         return resp
 
     def _authenticate(self, resp: requests.Response, scopes: tuple[str, ...]) -> None:
@@ -192,33 +237,35 @@ class RegistryClient:
         if scheme != "bearer" or "realm" not in params:
             raise PatchkitError(f"registry {self.registry} asked for unsupported authentication {scheme!r}")
         query = {"service": params.get("service", ""), "scope": list(scopes)}
+        what = f"the token service of {self.registry} ({params['realm']})"
         try:
-            tok = self.session.get(params["realm"], params=query, auth=creds, timeout=TIMEOUT)
+            tok = self.session.get(params["realm"], params=query, auth=creds, timeout=TIMEOUT, stream=True)
         except requests.RequestException as exc:
-            raise PatchkitError(f"cannot reach the token service of {self.registry}: {exc}") from None
+            raise PatchkitError(f"cannot reach {what}: {exc}") from None
         if tok.status_code != 200:
             raise PatchkitError(f"registry {self.registry} refused a token for {' '.join(scopes)} "
                                 f"({tok.status_code}): {_error_text(tok)}")
-        body = tok.json()
-        self._tokens[" ".join(scopes)] = "Bearer " + (body.get("token") or body.get("access_token") or "")
+        body = decode(read_body(tok, "manifest", what), _Token, what)
+        token = body.token or body.access_token
+        if not token:
+            raise MalformedJson(what, "the answer holds no token (neither 'token' nor 'access_token')")
+        self._tokens[" ".join(scopes)] = "Bearer " + token
 
     # -- manifests ------------------------------------------------------------------------------
     def get_manifest(self, repo: str, ref: str) -> tuple[bytes, str]:
         """(bytes, media type) of a manifest or index by tag or digest; a digest is verified."""
         resp = self._request("GET", f"{repo}/manifests/{ref}", (f"repository:{repo}:pull",),
-                             ok=(200, 404), headers={"Accept": MANIFEST_ACCEPT})
+                             ok=(200, 404), headers={"Accept": MANIFEST_ACCEPT}, keep_open=True)
         if resp.status_code == 404:
+            resp.close()
             raise PatchkitError(f"{self.registry}/{repo}:{ref} not found in the registry")
-        data = resp.content
+        what = f"manifest {self.registry}/{repo}{'@' if ref.startswith('sha256:') else ':'}{ref}"
+        data = read_body(resp, "manifest", what)
         if ref.startswith("sha256:") and sha256_digest(data) != ref:
             raise PatchkitError(f"{self.registry}/{repo}@{ref}: the registry returned a manifest with "
                                 f"digest {sha256_digest(data)}")
         media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
-        try:
-            media_type = json.loads(data).get("mediaType") or media_type
-        except ValueError:
-            pass
-        return data, media_type
+        return data, decode(data, Typed, what).mediaType or media_type
 
     def put_manifest(self, repo: str, ref: str, data: bytes, media_type: str) -> str:
         resp = self._request("PUT", f"{repo}/manifests/{ref}", (f"repository:{repo}:pull,push",), ok=(200, 201),
@@ -236,34 +283,36 @@ class RegistryClient:
         return resp.status_code == 200
 
     def download_blob(self, repo: str, digest: str, dest: Path, size: int | None = None) -> Path:
-        """Stream a blob to `dest` (via a temporary file in the same directory), verifying its digest."""
-        check_digest(digest)
+        """Stream a blob to `dest` (via a temporary file in the same directory), never past `size` bytes,
+        verifying its digest before it is renamed into place."""
         dest.parent.mkdir(parents=True, exist_ok=True)
-        resp = self._request("GET", f"{repo}/blobs/{digest}", (f"repository:{repo}:pull",), stream=True)
-        sha = hashlib.sha256()
-        fd, tmp = tempfile.mkstemp(prefix=".part-", dir=dest.parent)
-        try:
-            with os.fdopen(fd, "wb") as out, self.progress.task(f"pull {digest[7:19]}", size) as advance:
-                for chunk in resp.iter_content(CHUNK):
-                    sha.update(chunk)
-                    out.write(chunk)
-                    advance(len(chunk))
-            if "sha256:" + sha.hexdigest() != digest:
-                raise PatchkitError(f"registry {self.registry}: blob {repo}@{digest} arrived with digest "
-                                    f"sha256:{sha.hexdigest()}")
-            os.replace(tmp, dest)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with self.stream_blob(repo, digest, size) as stream:
+            fd, tmp = tempfile.mkstemp(prefix=".part-", dir=dest.parent)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    while chunk := stream.read(CHUNK):
+                        out.write(chunk)
+                    stream.finish()
+                os.replace(tmp, dest)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
         return dest
 
-    def stream_blob(self, repo: str, digest: str, size: int | None = None) -> "_Download":
-        """A file-like reader over a blob as it arrives (nothing on disk). The caller verifies the
-        digest (the layer reader hashes what it reads); `upload_blob` accepts it as a body."""
-        resp = self._request("GET", f"{repo}/blobs/{check_digest(digest)}", (f"repository:{repo}:pull",), stream=True)
-        length = resp.headers.get("Content-Length")
-        return _Download(resp, size if size is not None else int(length) if length else None, self.progress,
-                         f"pull {digest[7:19]}")
+    def stream_blob(self, repo: str, digest: str, size: int | None = None) -> VerifiedStream:
+        """A reader over a blob as it arrives (nothing on disk), stopping at `size` (the descriptor's) and
+        checking the digest when the last byte arrives; `upload_blob` accepts it as a body."""
+        what = f"registry {self.registry}: {repo}"
+        resp = self._request("GET", f"{repo}/blobs/{check_digest(digest)}", (f"repository:{repo}:pull",),
+                             keep_open=True)
+        length = resp.headers.get("Content-Length", "")
+        if size is not None and length.isdigit() and int(length) != size:
+            resp.close()
+            raise BlobMismatch(what, digest, "longer" if int(length) > size else "shorter", size,
+                               f"a Content-Length of {int(length):,} B")
+        if size is None and length.isdigit():
+            size = int(length)
+        return VerifiedStream(_Download(resp, size, self.progress, f"pull {digest[7:19]}"), digest, size, what)
 
     def mount_blob(self, repo: str, digest: str, from_repo: str) -> bool:
         """Link a blob from another repository of this registry. False if the registry declined (it
@@ -275,41 +324,39 @@ class RegistryClient:
         location = resp.headers.get("Location")
         if location:
             try:
-                self.session.delete(urljoin(self.base_url, location), timeout=TIMEOUT,
+                self.session.delete(urljoin(self.base_url, location), timeout=TIMEOUT, stream=True,
                                     headers={"Authorization": self._tokens.get(f"repository:{repo}:pull,push "
-                                                                               f"repository:{from_repo}:pull", "")})
+                                                                               f"repository:{from_repo}:pull", "")}).close()
             except requests.RequestException:
                 pass  # an abandoned session expires on its own
         return False
 
-    def upload_blob(self, repo: str, digest: str, content: bytes | Path | _Download) -> None:
-        """Monolithic upload; `content` may be bytes, a file, or another registry's `stream_blob`
-        (copied through without touching the disk: the registry checks the digest on PUT)."""
+    def upload_blob(self, repo: str, digest: str, content: bytes | Path | VerifiedStream) -> None:
+        """Monolithic upload; `content` may be bytes, a file, or a verified stream (another registry's
+        `stream_blob`, copied through without touching the disk). A file or stream is hashed as it is sent
+        and the last chunk withheld unless it matches, so no registry is handed a wrong blob."""
         scopes = (f"repository:{repo}:pull,push",)
         resp = self._request("POST", f"{repo}/blobs/uploads/", scopes, ok=(202,))
+        if not resp.headers.get("Location"):
+            raise PatchkitError(f"registry {self.registry}: POST {repo}/blobs/uploads/ answered 202 without "
+                                "the Location of the upload")
         location = urljoin(self.base_url, resp.headers["Location"])
         location += ("&" if "?" in location else "?") + f"digest={digest}"
-        if isinstance(content, _Download):
+        headers = {"Content-Type": "application/octet-stream"}
+        if isinstance(content, bytes):
+            with self.progress.task(f"push {digest[7:19]}", len(content)) as advance:
+                self._request("PUT", location, scopes, ok=(201,), data=content, headers=headers)
+                advance(len(content))
+            return
+        if isinstance(content, Path):
+            f = open_regular(content, "layer")
+            content = VerifiedStream(f, digest, os.fstat(f.fileno()).st_size, str(content))
+        with content:
             if content.size is None:
                 raise PatchkitError(f"cannot copy blob {digest}: its size is unknown")
-            with content:
-                self._request("PUT", location, scopes, ok=(201,), data=content,
-                              headers={"Content-Type": "application/octet-stream", "Content-Length": str(content.size)})
-            return
-        size = len(content) if isinstance(content, bytes) else content.stat().st_size
-        with self.progress.task(f"push {digest[7:19]}", size) as advance:
-            if isinstance(content, bytes):
-                self._request("PUT", location, scopes, ok=(201,), data=content,
-                              headers={"Content-Type": "application/octet-stream"})
-                advance(size)
-            else:
-                body = _Upload(content, advance)
-                try:
-                    self._request("PUT", location, scopes, ok=(201,), data=body,
-                                  headers={"Content-Type": "application/octet-stream",
-                                           "Content-Length": str(size)})
-                finally:
-                    body.close()
+            with self.progress.task(f"push {digest[7:19]}", content.size) as advance:
+                self._request("PUT", location, scopes, ok=(201,), data=_Upload(content, advance),
+                              headers={**headers, "Content-Length": str(content.size)})
 
 
 class _Download:
@@ -348,8 +395,16 @@ class _Download:
 
 
 def _error_text(resp: requests.Response) -> str:
+    """The registry's own words for a failure, from the first 64 KiB of its answer."""
     try:
-        errors = resp.json().get("errors") or []
-        return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors) or resp.text[:200]
-    except ValueError:
-        return resp.text[:200] or resp.reason
+        raw = resp.raw.read(ERROR_TEXT, decode_content=True) or b""
+    except Exception:  # urllib3's errors: the message is a courtesy, the status already says it failed
+        raw = b""
+    finally:
+        resp.close()
+    try:
+        errors = msgspec.json.decode(raw, type=_Errors).errors
+    except (msgspec.MsgspecError, RecursionError):
+        errors = []
+    text = raw.decode("utf-8", "replace")[:200]
+    return "; ".join(f"{e.code}: {e.message}" for e in errors)[:2000] or text or resp.reason or ""

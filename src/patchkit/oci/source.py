@@ -16,7 +16,6 @@ written through a link would change a file the anchors were never checked agains
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import posixpath
 import re
@@ -24,12 +23,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
 
 from patchkit.errors import PatchkitError
 from patchkit.oci.base import BaseImage
 from patchkit.oci.layer import Member, iter_layer, normalize
 from patchkit.oci.media import READABLE_LAYERS
+from patchkit.untrusted import InputTooLarge, limit_of, read_stream
+from patchkit.sources.installed_version import VERSION_MODULES, held_version
 
 _METADATA_RE = re.compile(r"^(?P<name>[^/]+)-(?P<version>[^/-]+)\.dist-info/METADATA$")
 _RECORD_RE = re.compile(r"^(?P<name>[^/]+)-(?P<version>[^/-]+)\.dist-info/RECORD$")
@@ -218,7 +218,10 @@ class ImageLayersSource(PackagePaths):
     def _record(self, name: str, listing: _Listing) -> set[str]:
         if name not in self._records:
             rows = csv.reader(io.StringIO(listing.content[name].decode("utf-8", "replace")))
-            self._records[name] = {posixpath.normpath(row[0]) for row in rows if row}
+            try:
+                self._records[name] = {posixpath.normpath(row[0]) for row in rows if row}
+            except csv.Error as exc:  # a field past csv's own limit, a NUL
+                raise PatchkitError(f"{self.base.spec}: /{name} is not a RECORD csv: {exc}") from None
         return self._records[name]
 
     def _scan(self, index: int) -> _Listing:
@@ -228,8 +231,7 @@ class ImageLayersSource(PackagePaths):
             raise PatchkitError(f"{self.base.spec}: layer {digest} is {media_type}; patchkit reads "
                                 f"gzip or plain tar layers only")
         listing = _Listing()
-        with self.base.open_blob(digest, desc.get("size")) as raw:
-            stream = _Hashing(raw)
+        with self.base.open_blob(digest, desc["size"]) as stream:
             for member, tar, info in iter_layer(stream, f"{digest} of {self.base.spec}"):
                 name = member.name
                 if not self._tracked(name):
@@ -240,10 +242,14 @@ class ImageLayersSource(PackagePaths):
                     listing.opaque.add(name)
                 else:
                     listing.entries[name] = member
-                    if member.kind == "file" and (name in self._wanted or name.endswith(("/METADATA", "/RECORD"))):
-                        listing.content[name] = tar.extractfile(info).read()
-            if stream.finish() != digest:
-                raise PatchkitError(f"{self.base.spec}: layer {digest} does not match its digest")
+                    wanted, record = name in self._wanted, name.endswith(("/METADATA", "/RECORD"))
+                    if member.kind == "file" and (wanted or record):
+                        kind = "member" if wanted else "metadata"
+                        what = f"{self.base.spec}: /{name} in layer {digest}"
+                        if member.size > limit_of(kind):
+                            raise InputTooLarge(what, kind, limit_of(kind), member.size)
+                        listing.content[name] = read_stream(tar.extractfile(info), kind, what)
+            stream.finish()
         self._listings[index] = listing
         return listing
 
@@ -262,18 +268,22 @@ class ImageLayersSource(PackagePaths):
         if len(found) > 1:
             raise PatchkitError(f"{self.base.spec}: several {pkg.distribution} installs in /{site}: "
                                 f"{', '.join(sorted(found))}")
-        if not found:
-            if pkg.declared is None and not pkg.required:
-                return None
-            if pkg.declared is None:
-                raise PatchkitError(f"{self.base.spec}: no {pkg.distribution} dist-info METADATA in /{site}, "
-                                    f"so the {pkg.name} version in this base is unknown")
-            return pkg.declared
-        [(where, actual)] = found.items()
-        if pkg.declared is not None and not _same_version(actual, pkg.declared):
-            raise PatchkitError(f"{self.base.spec}: the image definition declares {pkg.distribution} "
-                                f"{pkg.declared} but the base carries {actual} (/{where})")
-        return actual
+        if not found and pkg.declared is None and not pkg.required:
+            return None
+        [where] = found or [f"{site}/{want.replace('-', '_')}-{pkg.declared or '<version>'}.dist-info/METADATA"]
+        index = self._visible(where)[0] if found else None
+        module = VERSION_MODULES.get(pkg.name)
+        return held_version(self.base.spec, pkg.distribution, declared=pkg.declared, metadata_path="/" + where,
+                            metadata=self._listings[index].content[where] if found else None,
+                            module_name=module, module=self._install_file(pkg, module, index))
+
+    def _install_file(self, pkg: PackageRoot, path: str | None, floor: int | None) -> bytes | None:
+        """A file of the install whose METADATA is in layer `floor`, looked for there and above only (the
+        layers already read): the install wrote it beside its dist-info, so no lower layer is fetched."""
+        name = self._path(pkg.name, path) if path and floor is not None else None
+        if name is None or not any(name in self._listings[i].entries for i in range(floor, len(self.base.layers))):
+            return None
+        return self.read(pkg.name, path)
 
     def _dist_infos(self, site: str, want: str) -> dict[str, str]:
         """Visible `<site>/<dist>-<version>.dist-info/METADATA` of distribution `want` -> its Version."""
@@ -294,28 +304,3 @@ class ImageLayersSource(PackagePaths):
             if not line.strip():
                 break
         raise PatchkitError(f"{self.base.spec}: /{name} has no Version field")
-
-
-def _same_version(a: str, b: str) -> bool:
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
-
-
-class _Hashing:
-    """Read-through sha256 of a blob; `finish()` drains what the tar reader left and returns the digest."""
-
-    def __init__(self, raw):
-        self._raw = raw
-        self._sha = hashlib.sha256()
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._raw.read(n)
-        self._sha.update(data)
-        return data
-
-    def finish(self) -> str:
-        while self.read(1 << 20):
-            pass
-        return "sha256:" + self._sha.hexdigest()

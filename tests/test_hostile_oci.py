@@ -235,6 +235,25 @@ def test_a_base_blob_that_is_a_symlink_goes_into_the_output_as_a_verified_regula
     assert not (tmp_path / "out2").exists()
 
 
+@pytest.mark.registry
+def test_a_tampered_base_layer_is_never_pushed(real_base, registry_server, tmp_path):
+    """A push from a layout uploads every base layer (no mount across registries): the tampered one is
+    hashed as it is sent and its last chunk withheld, so the registry never stores it, nor the manifest."""
+    unread = _unread(real_base, tmp_path)
+    root = _copy_layout(real_base, tmp_path / "img")
+    blob = root / "blobs" / "sha256" / unread[0][7:]
+    data = blob.read_bytes()
+    blob.unlink()
+    blob.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(BlobMismatch) as err:
+        build(IMAGE, base=f"{root}:base", push=[f"{registry_server.host}/tampered/img:t"], cache=tmp_path / "cache",
+              quiet=True)
+    assert (err.value.problem, err.value.digest) == ("digest", unread[0])
+    client = RegistryClient(registry_server.host)
+    assert not client.blob_exists("tampered/img", unread[0])
+    assert "tampered/img" not in registry_server.catalog() or not registry_server.tags("tampered/img")
+
+
 # -- a hostile registry -------------------------------------------------------------------------------
 @pytest.fixture
 def hostile():
@@ -313,6 +332,17 @@ def test_a_layer_blob_with_the_wrong_bytes_is_refused_cached_or_streamed(keep, h
         src.read("vllm", "a.py")
     assert err.value.problem == "digest"
     assert not (tmp_path / "cache" / "blobs" / "sha256" / sha256(layer)[7:]).exists()
+
+
+def test_a_cached_blob_that_no_longer_matches_is_refused_and_removed(hostile, tmp_path):
+    served = hostile.image("x/y", [LAYER])
+    _base(served["ref"], tmp_path)
+    cached = tmp_path / "cache" / "blobs" / "sha256" / served["config_digest"][7:]
+    cached.write_bytes(b" " * len(served["config"]))
+    with pytest.raises(BlobMismatch, match="removed") as err:
+        _base(served["ref"], tmp_path)
+    assert err.value.problem == "digest" and not cached.exists()
+    assert _base(served["ref"], tmp_path).config_bytes == served["config"]  # fetched again, verified
 
 
 def test_nested_indexes_past_the_depth_limit_are_refused(hostile, tmp_path):

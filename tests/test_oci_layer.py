@@ -8,7 +8,15 @@ import tarfile
 import pytest
 
 from patchkit.errors import PatchkitError
-from patchkit.oci.layer import Entry, build_layer, iter_layer, normalize, whiteout_path
+from patchkit.oci.layer import (
+    MAX_EXTENDED_HEADER,
+    Entry,
+    ExtendedHeaderTooLarge,
+    build_layer,
+    iter_layer,
+    normalize,
+    whiteout_path,
+)
 
 ENTRIES = [
     Entry("/usr/lib/py/vllm", "dir", mode=0o755),
@@ -97,3 +105,22 @@ def test_reader_reports_a_truncated_layer():
     blob = _tar([("a/b.py", "file")] * 50)
     with pytest.raises(PatchkitError, match="cannot read layer"):
         list(iter_layer(io.BytesIO(blob[: len(blob) // 2]), "cut"))
+
+
+def test_an_extended_header_claiming_more_than_a_real_one_needs_is_refused_before_it_is_read():
+    """tarfile reads a PAX header whole before the member it describes; 2 MiB of it (gzip packs gigabytes
+    of one into megabytes) is refused on the header's size, and a real long path still reads."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("a")
+        info.pax_headers, info.size = {"comment": "x" * (2 << 20)}, 1
+        tar.addfile(info, io.BytesIO(b"1"))
+    with pytest.raises(ExtendedHeaderTooLarge) as err:
+        list(iter_layer(io.BytesIO(gzip.compress(raw.getvalue(), mtime=0)), "hostile"))
+    assert err.value.size > MAX_EXTENDED_HEADER
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("d/" * 1000 + "f")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"1"))
+    assert [m.name for m, _, _ in iter_layer(io.BytesIO(raw.getvalue()), "long path")] == ["d/" * 1000 + "f"]

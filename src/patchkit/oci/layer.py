@@ -145,6 +145,32 @@ def _kind(info: tarfile.TarInfo) -> str:
     return "other"
 
 
+# A PAX or GNU long-name header is read whole into memory by tarfile before the member it describes: a
+# hostile layer can claim gigabytes for one (zeros gzip ~1000:1). Real ones hold a path, a link name and a
+# few times, under PATH_MAX (4 KiB) each; 1 MiB leaves room for any xattr a real image carries.
+MAX_EXTENDED_HEADER = 1 << 20
+_EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+             tarfile.SOLARIS_XHDTYPE)
+
+
+class ExtendedHeaderTooLarge(PatchkitError):
+    """A layer's PAX or GNU extended header past MAX_EXTENDED_HEADER (exit 2); refused before it is read."""
+
+    def __init__(self, what: str, size: int):
+        self.what, self.size = what, size
+        super().__init__(f"layer {what}: an extended tar header of {size:,} B, over the {MAX_EXTENDED_HEADER:,} B "
+                         "a real one needs (a path and a few attributes); refused unread")
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile's member header with the size of extended headers checked before tarfile reads them."""
+
+    def _proc_member(self, tarfile_):  # tarfile's hook for each header it meets (stable since 3.x)
+        if self.type in _EXTENDED and self.size > MAX_EXTENDED_HEADER:
+            raise ExtendedHeaderTooLarge(getattr(tarfile_, "_patchkit_what", "?"), self.size)
+        return super()._proc_member(tarfile_)
+
+
 def iter_layer(stream: BinaryIO, what: str) -> Iterator[tuple[Member, tarfile.TarFile, tarfile.TarInfo]]:
     """Stream a layer's members front to back. Whiteouts come back as kind 'whiteout' with `name` the
     hidden path, opaque markers as kind 'opaque' with `name` the directory they empty.
@@ -158,7 +184,8 @@ def iter_layer(stream: BinaryIO, what: str) -> Iterator[tuple[Member, tarfile.Ta
     # and takes a truncated archive for a short one), so the stream is drained to its end below.
     inner = igzip.IGzipFile(fileobj=rest, mode="rb") if head == b"\x1f\x8b" else rest
     try:
-        with tarfile.open(fileobj=inner, mode="r|") as tar:
+        with tarfile.open(fileobj=inner, mode="r|", tarinfo=_BoundedTarInfo) as tar:
+            tar._patchkit_what = what
             for info in tar:
                 name = normalize(info.name)
                 if not name:

@@ -108,7 +108,8 @@ def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, as_json) ->
 @click.option("--image", help="With --host: check nvcc and the arch variables in this image (docker run on the host).")
 @click.option("--checkpoint", help="With --host: the checkpoint's path, which must hold its files on every host.")
 @click.option("--kv-cache-dtype", help="With --host: the KV-cache dtype to check (default: the variant's).")
-@click.option("--variant", help="Judge against this variant's expectations (quantprobe, speculator, KV pool, weights).")
+@click.option("--variant", help="Judge against this variant's expectations (quantprobe, speculator, KV pool, weights); "
+              "with --host, hold the hosts to its per-rank memory need and KV-cache dtype.")
 @click.option("--quantprobe/--no-quantprobe", default=None,
               help="The boot ran with PATCHKIT_QUANTPROBE=1 on an image carrying the quantprobe patch (its lines "
               "are then required) / did not (default: unknown; lines are judged when present).")

@@ -78,7 +78,8 @@ def serve_args_cmd(variant, checkpoint, model, pin_config, pin_index, as_json):
 @click.option("--checkpoint", type=click.Path(path_type=Path, file_okay=False), help="Checkpoint dir to verify and serve.")
 @click.option("--hf-cache", default="~/.cache/huggingface", show_default=True, help="HF cache on the hosts.")
 @click.option("--url", help="OpenAI endpoint to probe (default: http://HEAD:PORT).")
-@click.option("--receipt", type=click.Path(path_type=Path), help="Write the JSON receipt here.")
+@click.option("--receipt", type=click.Path(path_type=Path),
+              help="Write the JSON receipt here, each node's log beside it (default: a new temporary folder).")
 @click.option("--keep", is_flag=True, help="Leave the containers running after the smoke.")
 @click.option("--master-addr", help="Head address for the other nodes (default: the head host's name).")
 @click.option("--gpus", type=click.Choice(["auto", "all", "none"]), default="auto", show_default=True,
@@ -151,8 +152,13 @@ def _smoke_hosts(variants, hosts, image, checkpoint, hf_cache, url, receipt, kee
     result = run_smoke(variant, command, image, runners, url or f"http://{host_name(hosts[0])}:{variant.serve.port}",
                        keep=keep, master_addr=master_addr, quantprobe=image_carries_quantprobe(variant.image),
                        boot_timeout_s=boot_timeout, health_interval_s=health_interval)
-    if receipt:
-        result.write(receipt)
+    if not receipt:  # the containers are gone: their logs are the evidence, so they are always kept
+        import tempfile
+
+        receipt = Path(tempfile.mkdtemp(prefix=f"patchkit-smoke-{variant.name}-")) / "receipt.json"
+    result.write(receipt)
+    err_console.print(f"receipt: {receipt}; node logs: {', '.join(str(p) for p in result.log_paths(receipt))}",
+                      markup=False, highlight=False, soft_wrap=True)
     click.echo(result.to_json()) if as_json else console.print(result)
     return result.ok
 

@@ -141,6 +141,26 @@ def test_a_good_boot_passes_through_the_real_runner(engine, tmp_path):
     assert ours(client) == []  # stopped and removed
 
 
+def test_two_nodes_head_and_headless_worker(engine, tmp_path):
+    """`--host URL --host URL`: the worker (rank 1, --headless) started first, the head last, both judged by
+    the head's log and both removed. One engine plays both Sparks here (host networking: one API port)."""
+    url, client, tags, _ = engine
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    receipt = tmp_path / "receipt.json"
+    outcome = run_patchkit("smoke", VARIANT, "--host", url, "--host", url, "--image", tags["good"], "--gpus", "none",
+                           "--hf-cache", str(hf), "--receipt", str(receipt), "--health-interval", "0.2", timeout=180)
+    assert outcome.code == 0, outcome.output[-3000:]
+    data = json.loads(receipt.read_text())
+    assert [c["name"] for c in data["containers"]] == [f"patchkit-smoke-{VARIANT}-0", f"patchkit-smoke-{VARIANT}-1"]
+    head, worker = ((tmp_path / f"receipt.node{rank}.log").read_text() for rank in (0, 1))
+    head_argv, worker_argv = head.splitlines()[0], worker.splitlines()[0]
+    assert head_argv.endswith("--nnodes 2 --node-rank 0 --master-addr 127.0.0.1")
+    assert worker_argv.endswith("--nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --headless")
+    assert "POST /v1/chat/completions" in head and "POST /v1/chat/completions" not in worker
+    assert ours(client) == []
+
+
 def test_a_real_public_boot_is_judged_live(engine, tmp_path):
     """The sfxnz DFlash2 boot (real, GB10) through the runner: up, chatting, and failing the lab variant on
     its speculator alone, as `patchkit doctor` judges the same log."""

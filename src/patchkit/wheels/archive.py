@@ -15,27 +15,49 @@ same inputs must give the same wheel on any machine.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 import zipfile
+from collections.abc import Iterator
 from typing import BinaryIO
 
 EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest zip (DOS) date: no clock or SOURCE_DATE_EPOCH in the bytes
+CHUNK = 1 << 20  # members stream through in pieces this size: a 308 MB extension is never held whole
 
 
-def read_raw(fp: BinaryIO, info: zipfile.ZipInfo) -> bytes:
-    """The compressed bytes of `info`'s member, as stored (no decompression)."""
-    if info.flag_bits & 0x1:
-        raise ValueError(f"{info.filename} is encrypted")
+def raw_chunks(fp: BinaryIO, info: zipfile.ZipInfo) -> Iterator[bytes]:
+    """The compressed bytes of `info`'s member, as stored, a chunk at a time. The local header is checked
+    as zipfile.open checks it (signature, the same name as the central directory's); `fp` is sought
+    before every read, so zipfile may read the same file in between."""
     fp.seek(info.header_offset)
-    header = struct.unpack(zipfile.structFileHeader, fp.read(zipfile.sizeFileHeader))
+    fixed = fp.read(zipfile.sizeFileHeader)
+    if len(fixed) != zipfile.sizeFileHeader:
+        raise zipfile.BadZipFile(f"{info.orig_filename}: truncated local header at offset {info.header_offset}")
+    header = struct.unpack(zipfile.structFileHeader, fixed)
     if header[zipfile._FH_SIGNATURE] != zipfile.stringFileHeader:
-        raise zipfile.BadZipFile(f"{info.filename}: no local file header at offset {info.header_offset}")
-    skip = header[zipfile._FH_FILENAME_LENGTH] + header[zipfile._FH_EXTRA_FIELD_LENGTH]
-    fp.seek(info.header_offset + zipfile.sizeFileHeader + skip)
-    raw = fp.read(info.compress_size)
-    if len(raw) != info.compress_size:
-        raise zipfile.BadZipFile(f"{info.filename}: truncated ({len(raw)} of {info.compress_size} bytes)")
-    return raw
+        raise zipfile.BadZipFile(f"{info.orig_filename}: no local file header at offset {info.header_offset}")
+    raw_name = fp.read(header[zipfile._FH_FILENAME_LENGTH])
+    utf8 = header[zipfile._FH_GENERAL_PURPOSE_FLAG_BITS] & 0x800
+    if raw_name.decode("utf-8" if utf8 else "cp437") != info.orig_filename:
+        raise zipfile.BadZipFile(f"{info.orig_filename}: its local header names it {raw_name!r}")
+    position = info.header_offset + zipfile.sizeFileHeader + len(raw_name) + header[zipfile._FH_EXTRA_FIELD_LENGTH]
+    left = info.compress_size
+    while left:
+        fp.seek(position)
+        chunk = fp.read(min(CHUNK, left))
+        if not chunk:
+            raise zipfile.BadZipFile(f"{info.orig_filename}: truncated ({info.compress_size - left} of "
+                                     f"{info.compress_size} compressed bytes)")
+        position += len(chunk)
+        left -= len(chunk)
+        yield chunk
+
+
+def raw_sha256(fp: BinaryIO, info: zipfile.ZipInfo) -> str:
+    digest = hashlib.sha256()
+    for chunk in raw_chunks(fp, info):
+        digest.update(chunk)
+    return digest.hexdigest()
 
 
 def mode_of(info: zipfile.ZipInfo) -> int:
@@ -44,7 +66,8 @@ def mode_of(info: zipfile.ZipInfo) -> int:
 
 
 class ReproducibleZip:
-    """Writes entries in the order given; the caller sorts them."""
+    """Writes entries in the order given; the caller sorts them. Either `close()` (the central directory
+    written) or `abort()` (nothing more written, the caller removes the file) ends it."""
 
     def __init__(self, out: BinaryIO):
         self._zip = zipfile.ZipFile(out, "w", allowZip64=True)
@@ -60,8 +83,9 @@ class ReproducibleZip:
         """A new member, stored (see above)."""
         self._zip.writestr(self._info(name, mode, zipfile.ZIP_STORED), data)
 
-    def copy_raw(self, source: zipfile.ZipInfo, raw: bytes, name: str | None = None) -> None:
-        """A member of another zip (renamed to `name` if given), its compressed bytes `raw` kept as they are."""
+    def copy_raw(self, source: zipfile.ZipInfo, raw: Iterator[bytes], name: str | None = None) -> str:
+        """A member of another zip (renamed to `name` if given), its compressed bytes `raw` kept as they
+        are; returns the sha256 of the bytes written, for the caller to hold against what it verified."""
         info = self._info(name or source.filename, mode_of(source), source.compress_type)
         info.CRC, info.compress_size, info.file_size = source.CRC, source.compress_size, source.file_size
         zip64 = max(info.file_size, info.compress_size) > zipfile.ZIP64_LIMIT
@@ -69,10 +93,21 @@ class ReproducibleZip:
         # What ZipFile.writestr does around its compressor, minus the compressor.
         info.header_offset = archive.fp.tell()
         archive.fp.write(info.FileHeader(zip64))
-        archive.fp.write(raw)
+        digest = hashlib.sha256()
+        for chunk in raw:
+            digest.update(chunk)
+            archive.fp.write(chunk)
         archive.filelist.append(info)
         archive.NameToInfo[info.filename] = info
         archive.start_dir = archive.fp.tell()
+        return digest.hexdigest()
 
     def close(self) -> None:
+        self._zip.close()
+
+    def abort(self) -> None:
+        """Stop without the central directory: zipfile would otherwise write it from `__del__`, onto a file
+        already closed, and print a traceback nobody can act on."""
+        self._zip._didModify = False
+        self._zip._writing = False
         self._zip.close()

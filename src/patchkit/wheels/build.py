@@ -9,7 +9,10 @@ nothing is written unless every patch is whole. The new wheel is the release's w
   over the carried patches' ids and contents), in METADATA, the dist-info name and the file name;
 - `patchkit.json` (manifest.py) and a RECORD with every file's sha256 and size;
 - fixed timestamps and sorted entries, so the same release wheel and series give the same sha256.
-The file appears by rename from a temporary file beside it: never half-written.
+The release wheel is verified whole first (verified.py: every member against its RECORD, names pip
+would install, its own project and version), and every byte copied or read from it after is held
+against what was verified. The file appears by rename from a temporary file beside it: never
+half-written; on any failure the temporary file is gone and no central directory is written to it.
 """
 
 from __future__ import annotations
@@ -32,15 +35,14 @@ from patchkit.errors import PatchkitError
 from patchkit.images.labels import series_hash
 from patchkit.patching.patchset import Patch
 from patchkit.patching.planner import FileChange, Plan, State, plan
-from patchkit.sources.wheel import WheelSource
-from patchkit.wheels.archive import ReproducibleZip, mode_of, read_raw
+from patchkit.wheels.archive import ReproducibleZip, mode_of
 from patchkit.wheels.manifest import MANIFEST, CarriedPatch, WheelManifest
-from patchkit.wheels.record import RecordRow, format_record, parse_record, row_for
+from patchkit.wheels.record import RecordRow, format_record, row_for
+from patchkit.wheels.verified import SIGNATURES, VerifiedWheel, open_wheel
 
 LOCAL_PREFIX = "glm53"
 CARRIED = (State.NOT_APPLIED, State.APPLIED)  # applied by the build, or assert-only and holding
 LEFT_OUT = (State.UPSTREAMED, State.NOT_APPLICABLE)  # upstream has the fix; only FlashInfer (not in the wheel)
-SIGNATURES = ("RECORD.jws", "RECORD.p7s")  # signed the release's RECORD: void for the new one, dropped
 
 
 @dataclass(frozen=True)
@@ -73,36 +75,44 @@ def patched_version(release_version: str, digest: str) -> str:
 
 def build_wheel(release: Path, patches: list[Patch], series: str, output: Path) -> BuiltWheel:
     """Write the patched wheel of `release` into the folder `output`; PatchFailed (nothing written) if
-    the series does not apply."""
-    source = WheelSource(release)
-    release_version = source.versions().get("vllm")
-    if release_version is None:
-        raise PatchkitError(f"{release} is not a vLLM wheel (it holds {', '.join(source.versions())})")
-    result = plan(patches, source)
-    result.raise_for_errors()
-    carried, skipped = [], []
-    for r in result.results:
-        if r.state in CARRIED:
-            carried.append(CarriedPatch(r.patch.id, r.patch.digest, str(r.state), r.detail))
-        elif r.state in LEFT_OUT:
-            skipped.append(CarriedPatch(r.patch.id, r.patch.digest, str(r.state), r.detail))
-        else:
-            raise PatchkitError(f"series {series}: patch {r.patch.id} is {r.state} on {release.name} ({r.detail})")
-    if not result.changes:
-        raise PatchkitError(f"series {series} changes nothing in {release.name}: no wheel to build")
-    by_id = {p.id: p for p in patches}
-    version = patched_version(release_version, series_hash([by_id[p.id] for p in carried]))
-    manifest = WheelManifest(
-        version=version, series=series, series_hash=version.rsplit(".", 1)[1],
-        release={"filename": release.name, "sha256": _file_sha256(release), "version": release_version},
-        patches=carried, skipped=skipped,
-        files=[{"path": _member(c), "release_sha256": hashlib.sha256(c.old).hexdigest(),
-                "patched_sha256": hashlib.sha256(c.new).hexdigest()} for c in result.changes],
-    )
-    output.mkdir(parents=True, exist_ok=True)
-    target = output / wheel_filename(release.name, version)
-    with _atomic(target) as out:
-        _write(release, out, version, result.changes, manifest)
+    the series does not apply, BadWheel (nothing written) if the release is not a wheel pip would install."""
+    with open_wheel(release) as wheel:
+        if wheel.name != "vllm":
+            raise PatchkitError(f"{release} is not a vLLM wheel (it is {wheel.name} {wheel.version}'s)")
+        result = plan(patches, wheel.source())
+        result.raise_for_errors()
+        carried, skipped = [], []
+        for r in result.results:
+            if r.state in CARRIED:
+                carried.append(CarriedPatch(r.patch.id, r.patch.digest, str(r.state), r.detail))
+            elif r.state in LEFT_OUT:
+                skipped.append(CarriedPatch(r.patch.id, r.patch.digest, str(r.state), r.detail))
+            else:
+                raise PatchkitError(f"series {series}: patch {r.patch.id} is {r.state} on {release.name} ({r.detail})")
+        if not result.changes:
+            raise PatchkitError(f"series {series} changes nothing in {release.name}: no wheel to build")
+        by_id = {p.id: p for p in patches}
+        version = patched_version(wheel.version, series_hash([by_id[p.id] for p in carried]))
+        manifest = WheelManifest(
+            version=version, series=series, series_hash=version.rsplit(".", 1)[1],
+            release={"filename": release.name, "sha256": wheel.sha256, "version": wheel.version},
+            patches=carried, skipped=skipped,
+            files=[{"path": _member(c), "release_sha256": hashlib.sha256(c.old).hexdigest(),
+                    "patched_sha256": hashlib.sha256(c.new).hexdigest()} for c in result.changes],
+        )
+        target = output / wheel_filename(release.name, version)
+        created = not output.exists()
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+            with _atomic(target) as out:
+                _write(wheel, out, version, result.changes, manifest)
+        except OSError as error:  # the output's: a full or read-only disk, a folder in the way
+            raise PatchkitError(f"{target} cannot be written ({error.strerror or error}); nothing of it is left "
+                                f"in {output}") from None
+        finally:
+            if created and not target.exists():
+                with contextlib.suppress(OSError):
+                    output.rmdir()  # only if empty: the folder this build made, for nothing
     return BuiltWheel(target, _file_sha256(target), manifest, result)
 
 
@@ -116,63 +126,49 @@ def _member(change: FileChange) -> str:
     return f"{change.package}/{change.path}"  # a wheel keeps each package at its top level
 
 
-def _write(release: Path, out: BinaryIO, version: str, changes: list[FileChange], manifest: WheelManifest) -> None:
-    with zipfile.ZipFile(release) as archive, open(release, "rb") as raw_in:
-        infos = [i for i in archive.infolist() if not i.is_dir()]
-        names = [i.filename for i in infos]
-        if len(set(names)) != len(names):
-            raise PatchkitError(f"{release} stores a member twice: refusing to guess which one pip would install")
-        old_info = next(n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info"))
-        new_info = f"{old_info.split('-')[0]}-{version}.dist-info"
-        record = parse_record(archive.read(f"{old_info}/RECORD"))
-        listed = set(record) - {f"{old_info}/RECORD"}
-        unlisted = set(names) - listed - {f"{old_info}/{s}" for s in (*SIGNATURES, "RECORD")}
-        if unlisted or listed - set(names):
-            raise PatchkitError(f"{release}: RECORD and archive disagree (unlisted: {sorted(unlisted)[:5]}, "
-                                f"missing: {sorted(listed - set(names))[:5]})")
-        changed = {_member(c): c for c in changes}
-        missing = set(changed) - set(names)
-        if missing:
-            raise PatchkitError(f"{release} has no member {min(missing)} (the planner read it elsewhere)")
-        body = sorted((i for i in infos if not i.filename.startswith(f"{old_info}/")), key=lambda i: i.filename)
-        meta = sorted((i for i in infos if i.filename.startswith(f"{old_info}/")), key=lambda i: i.filename)
-        rows: list[RecordRow] = []
-        writer = ReproducibleZip(out)
+def _write(wheel: VerifiedWheel, out: BinaryIO, version: str, changes: list[FileChange],
+           manifest: WheelManifest) -> None:
+    old_info = wheel.dist_info
+    new_info = f"{old_info.split('-')[0]}-{version}.dist-info"
+    changed = {_member(c): c for c in changes}
+    missing = set(changed) - set(wheel.members)
+    if missing:
+        raise PatchkitError(f"{wheel.path} has no member {min(missing)} (the planner read it elsewhere)")
+    body = sorted(n for n in wheel.members if not n.startswith(f"{old_info}/"))
+    meta = sorted(n.split("/", 1)[1] for n in wheel.members if n.startswith(f"{old_info}/"))
+    rows: list[RecordRow] = []
+    writer = ReproducibleZip(out)
 
-        def copy(info: zipfile.ZipInfo, name: str) -> None:
-            row = record[info.filename]
-            if not row.hash.startswith("sha256="):  # another algorithm: hash the member ourselves
-                row = row_for(name, archive.read(info))
-            writer.copy_raw(info, read_raw(raw_in, info), name=name)
-            rows.append(RecordRow(name, row.hash, row.size))
+    def add(name: str, data: bytes, mode: int = 0o644) -> None:
+        writer.write(name, data, mode)
+        rows.append(row_for(name, data))
 
-        def add(name: str, data: bytes, mode: int = 0o644) -> None:
-            writer.write(name, data, mode)
-            rows.append(row_for(name, data))
-
-        for info in body:
-            if info.filename in changed:
-                add(info.filename, changed[info.filename].new, mode_of(info))
+    try:
+        for name in body:
+            if name in changed:
+                add(name, changed[name].new, mode_of(wheel.members[name].info))
             else:
-                copy(info, info.filename)
-        extra = {f"{new_info}/{MANIFEST}": manifest.to_bytes()}
-        entries = sorted([(i.filename.split("/", 1)[1], i) for i in meta] + [(MANIFEST, None)], key=lambda e: e[0])
-        for relative, info in entries:
-            name = f"{new_info}/{relative}"
-            if relative in ("RECORD", *SIGNATURES):
+                rows.append(wheel.copy(writer, name, name))
+        for relative in sorted([*meta, MANIFEST]):
+            name, old = f"{new_info}/{relative}", f"{old_info}/{relative}"
+            if relative in ("RECORD", *SIGNATURES):  # signed the release's RECORD: void for the new one, dropped
                 continue
-            if info is None:
-                add(name, extra[name])
+            if relative == MANIFEST:
+                add(name, manifest.to_bytes())
             elif relative == "METADATA":
-                add(name, _set_header(archive.read(info), "Version", version, info.filename), mode_of(info))
+                add(name, _set_header(wheel.read(old, "metadata"), "Version", version, old),
+                    mode_of(wheel.members[old].info))
             elif relative == "WHEEL":
-                add(name, _set_header(archive.read(info), "Generator", f"patchkit {__version__}", info.filename),
-                    mode_of(info))
+                add(name, _set_header(wheel.read(old, "metadata"), "Generator", f"patchkit {__version__}", old),
+                    mode_of(wheel.members[old].info))
             else:
-                copy(info, name)
+                rows.append(wheel.copy(writer, old, name))
         rows.append(RecordRow(f"{new_info}/RECORD", "", ""))
         writer.write(f"{new_info}/RECORD", format_record(rows))
-        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
 
 
 def _set_header(text: bytes, field: str, value: str, where: str) -> bytes:

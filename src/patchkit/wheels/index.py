@@ -10,22 +10,20 @@ in the index folder itself.
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import os
-import zipfile
 from dataclasses import dataclass
 from email.parser import BytesHeaderParser
 from pathlib import Path
 from urllib.parse import quote
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import canonicalize_name
 
 from patchkit.errors import PatchkitError
 from patchkit.sources.cache import atomic_write
-from patchkit.sources.metadata import core_metadata
 from patchkit.wheels.manifest import MANIFEST, WheelManifest
+from patchkit.wheels.verified import open_wheel
 
 
 @dataclass(frozen=True)
@@ -40,23 +38,16 @@ class IndexedWheel:
 
 
 def read_wheel(path: Path) -> IndexedWheel:
-    project, version, _, _ = parse_wheel_filename(path.name)
-    with open(path, "rb") as f:
-        sha256 = hashlib.file_digest(f, "sha256").hexdigest()
-    with zipfile.ZipFile(path) as archive:
-        names = archive.namelist()
-        dist_info = f"{path.name.split('-')[0]}-{path.name.split('-')[1]}.dist-info"
-        if f"{dist_info}/METADATA" not in names:
-            raise PatchkitError(f"{path} has no {dist_info}/METADATA")
-        metadata = archive.read(f"{dist_info}/METADATA")
-        manifest = archive.read(f"{dist_info}/{MANIFEST}") if f"{dist_info}/{MANIFEST}" in names else None
-    requires = BytesHeaderParser().parsebytes(metadata).get("Requires-Python")
-    _, stated = core_metadata(metadata)
-    if stated != str(version):
-        raise PatchkitError(f"{path}: METADATA says version {stated}, the file name {version}")
-    return IndexedWheel(path.name, str(project), str(version), sha256, path.stat().st_size,
-                        requires.strip() if requires else None,
-                        WheelManifest.from_bytes(manifest) if manifest else None)
+    """A wheel the index may list: verified whole as pip would install it (verified.py), so a link the
+    index gives never leads pip to a wheel it refuses; BadWheel (exit 2) naming it otherwise."""
+    with open_wheel(path) as wheel:
+        metadata = wheel.read(f"{wheel.dist_info}/METADATA", "metadata")
+        name = f"{wheel.dist_info}/{MANIFEST}"
+        manifest = (WheelManifest.from_bytes(wheel.read(name, "definition"), f"{path}, member {name}")
+                    if name in wheel.members else None)
+        requires = BytesHeaderParser().parsebytes(metadata).get("Requires-Python")
+        return IndexedWheel(path.name, wheel.name, wheel.version, wheel.sha256, path.stat().st_size,
+                            requires.strip() if requires else None, manifest)
 
 
 def write_index(wheels: Path, out: Path, base_url: str | None = None) -> list[IndexedWheel]:

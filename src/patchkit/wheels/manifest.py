@@ -11,10 +11,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from patchkit.errors import PatchkitError
+from patchkit.jsondata import MalformedJson, decode
 from patchkit.patching.patchset import Patch
+from patchkit.untrusted import read_file
 
 MANIFEST = "patchkit.json"
+RELEASE_FIELDS = {"filename", "sha256", "version"}
 
 
 @dataclass(frozen=True)
@@ -39,11 +41,14 @@ class WheelManifest:
         return (json.dumps(asdict(self), indent=1, sort_keys=True) + "\n").encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> WheelManifest:
-        raw = json.loads(data)
-        raw["patches"] = [CarriedPatch(**p) for p in raw["patches"]]
-        raw["skipped"] = [CarriedPatch(**p) for p in raw.get("skipped", [])]
-        return cls(**raw)
+    def from_bytes(cls, data: bytes, what: str = MANIFEST) -> WheelManifest:
+        """The record in a wheel or a site-packages: outside input, its shape checked (msgspec) before
+        `describe` or the index reads a field; MalformedJson (exit 2) with the JSON path otherwise."""
+        manifest = decode(data, cls, what)
+        absent = sorted(RELEASE_FIELDS - set(manifest.release))
+        if absent:
+            raise MalformedJson(what, f"release has no {', '.join(absent)}", "$.release")
+        return manifest
 
     def describe(self, known: dict[str, Patch]) -> list[str]:
         """One line for the wheel, one per patch it carries, compared with the patch set at hand."""
@@ -70,10 +75,7 @@ def installed_manifests(site: Path) -> list[tuple[Path, WheelManifest]]:
     """The patched-wheel records in a site-packages (its `*.dist-info/patchkit.json`)."""
     found = []
     for path in sorted(Path(site).glob(f"*.dist-info/{MANIFEST}")):
-        try:
-            found.append((path, WheelManifest.from_bytes(path.read_bytes())))
-        except (OSError, ValueError, TypeError, KeyError) as error:
-            raise PatchkitError(f"{path} is not a readable patched-wheel record ({error})") from None
+        found.append((path, WheelManifest.from_bytes(read_file(path, "definition"), f"patched-wheel record {path}")))
     return found
 
 

@@ -29,14 +29,22 @@ def row_for(path: str, data: bytes) -> RecordRow:
     return RecordRow(path, record_hash(data), str(len(data)))
 
 
-def parse_record(text: bytes) -> dict[str, RecordRow]:
-    rows = {}
-    for fields in csv.reader(io.StringIO(text.decode("utf-8"))):
-        if not fields:
-            continue
-        if len(fields) != 3:
-            raise ValueError(f"RECORD row {fields!r} does not have 3 fields")
-        rows[fields[0]] = RecordRow(*fields)
+def parse_record(text: bytes) -> list[RecordRow]:
+    """The rows of a RECORD, in order (duplicates kept, for the caller to refuse). ValueError for what is
+    not a RECORD: not UTF-8, not CSV (a field over csv's 131,072-character limit, a NUL), a row without
+    exactly 3 fields."""
+    rows = []
+    try:
+        for number, fields in enumerate(csv.reader(io.StringIO(text.decode("utf-8"), newline="")), 1):
+            if not fields:
+                continue
+            if len(fields) != 3:
+                raise ValueError(f"row {number} has {len(fields)} fields, not 3 (path,hash,size): {fields!r:.200}")
+            rows.append(RecordRow(*fields))
+    except csv.Error as error:
+        raise ValueError(f"not CSV: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"not UTF-8: {error}") from None
     return rows
 
 

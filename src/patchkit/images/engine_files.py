@@ -33,12 +33,12 @@ from patchkit.errors import PatchkitError
 from patchkit.oci.layer import Member, normalize
 from patchkit.oci.source import PackagePaths, PackageRoot
 from patchkit.sources.cache import FileCache
+from patchkit.sources.installed_version import VERSION_MODULES, held_version
+from patchkit.sources.metadata import version_py
 
 # What a transport raises when the engine stops answering (requests' errors; OSError by socket)
 ENGINE_GONE = (requests.exceptions.RequestException, OSError)
 
-VERSION_MODULES = {"vllm": "_version.py", "flashinfer": "_build_meta.py"}
-_VERSION_RE = re.compile(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", re.M)
 READERS = 4          # containers read at once: the engine serialises requests on each one
 ABSENT, PRESENT = "absent", "present"
 READ_ATTEMPTS = 3    # an engine error on a read is retried on a new container (_get_archive)
@@ -295,30 +295,40 @@ class ContainerSource(PackagePaths):
         return f"{site}/{canonicalize_name(pkg.distribution).replace('-', '_')}-{version}.dist-info/METADATA"
 
     def _version(self, pkg) -> str | None:
-        """From the package's own version module (vLLM's `_version.py`, FlashInfer's `_build_meta.py`),
-        confirmed by the `<dist>-<version>.dist-info/METADATA` beside it: listing site-packages through the
-        engine would move all of it."""
+        """The one rule (sources.installed_version) over the package's version module and the
+        `<dist>-<version>.dist-info/METADATA` beside it, at the version declared, else the one the module
+        states, else that plus the `cu<CUDA>` suffix vLLM's setup.py appends for the image's CUDA_VERSION:
+        listing site-packages through the engine would move all of it."""
         module = VERSION_MODULES.get(pkg.name)
-        stated = None
-        if module and (found := self._fetch("/" + normalize(f"{pkg.root}/{module}"))):
-            m = _VERSION_RE.search(found[1].decode("utf-8", "replace"))
-            stated = m.group(1) if m else None
-        version = pkg.declared or stated
-        if version is None:
+        found = self._fetch("/" + normalize(f"{pkg.root}/{module}")) if module else None
+        stated = version_py(found[1]) if found else None
+        if pkg.declared is None and stated is None:
             if self._fetch("/" + normalize(f"{pkg.root}/__init__.py")) is None and not pkg.required:
                 return None
             raise PatchkitError(f"{self.base.spec}: the {pkg.name} version is unknown (no {module} stating "
                                 "__version__ and no version in the image file)")
-        metadata = self._fetch(self._metadata_path(pkg, version))
-        if metadata is None:
-            raise PatchkitError(f"{self.base.spec}: no {self._metadata_path(pkg, version)}, so the {pkg.name} "
-                                "version in this base is not confirmed")
-        actual = next((line.split(":", 1)[1].strip() for line in metadata[1].decode("utf-8", "replace").splitlines()
-                       if line.startswith("Version:")), None)
-        if actual != version or (stated is not None and stated != version):
-            raise PatchkitError(f"{self.base.spec}: {pkg.distribution} versions disagree: image file "
-                                f"{pkg.declared}, {module} {stated}, METADATA {actual}")
-        return version
+        candidates = [pkg.declared] if pkg.declared else [stated, *self._suffixed(stated)]
+        metadata = None
+        for version in candidates:
+            if (metadata := self._fetch(self._metadata_path(pkg, version))) is not None:
+                break
+        return held_version(self.base.spec, pkg.distribution, declared=pkg.declared,
+                            metadata_path=self._metadata_path(pkg, version), metadata=metadata and metadata[1],
+                            module_name=module, module=found and found[1])
+
+    def _suffixed(self, version: str) -> list[str]:
+        """`version` with the CUDA suffix vLLM's setup.py appends (`cu` + the CUDA_VERSION the nvidia/cuda
+        base images set, major and minor: 13.0.1 -> cu130), the one suffix the engine's config can tell."""
+        try:
+            env = self.client.api.inspect_image(self.base.image_id).get("Config", {}).get("Env") or []
+        except ENGINE_GONE as exc:
+            raise self._gone("inspecting the base", exc) from None
+        except docker.errors.APIError as exc:
+            raise PatchkitError(f"the engine cannot inspect {self.base.spec}: {exc.explanation or exc}") from None
+        cuda = next((e.split("=", 1)[1] for e in env if isinstance(e, str) and e.startswith("CUDA_VERSION=")), "")
+        digits = "".join(cuda.split(".")[:2])
+        sep = "." if "+" in version else "+"
+        return [f"{version}{sep}cu{digits[:3]}"] if digits.isdigit() else []
 
 
 def _kind(info: tarfile.TarInfo) -> str:

@@ -16,12 +16,21 @@ it). Their environments are built with uv: its cache (the user cache directory) 
 of that stack (~4 GB, once) into all three, where pip would unpack ~5 GB per environment. 0.33.0 declares
 torch 2.14.0; it keeps pip and 2.14.1 + torchvision 0.29.1 from this machine's disk (a patch release of
 the same API) instead of another multi-GB download.
+
+Interpreters: the user's sessions (build-*, verify, demo-base) run on the Python nox itself runs on
+(3.11-3.13; a DGX Spark's Ubuntu 24.04 has 3.12), in no virtualenv, with this checkout's patchkit
+(`pip install nox -e .` puts both in one environment, the README's set-up); `bench` gets a virtualenv
+of that same interpreter. The test sessions keep 3.11, the Python the torch wheels on this machine's
+disk are built for. A session whose interpreter is missing is an error (exit 1), never a skip: a build
+that built nothing must not exit 0.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -40,9 +49,35 @@ DEFAULT_OLDER: tuple[str, ...] = ("0.30.0",)
 RELEASE_SENSITIVE = ("tests/patches", "tests/test_smoke_cpu.py", "tests/test_serve.py::test_vllm_parser_accepts_every_variant_command")
 RESULTS = CACHE / "results"  # one record per release run (tests/release_record.py)
 
+TEST_PYTHON = "3.11"  # the test environments': the torch 2.14.1 wheels on this machine's disk are cp311
+USER_PYTHONS = ((3, 11), (3, 12), (3, 13))  # what the user's sessions run on (requires-python >= 3.11)
+
 nox.options.envdir = str(CACHE / "nox")
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["tests"]
+nox.options.error_on_missing_interpreters = True   # nox's default (outside CI) skips and exits 0
+
+
+def patchkit_env(session: nox.Session) -> dict[str, str]:
+    """The environment that makes nox's own interpreter import this checkout's patchkit; the session is
+    refused (exit 1) with what to install when that interpreter cannot, never skipped."""
+    here = tuple(sys.version_info[:2])
+    if here not in USER_PYTHONS:
+        session.error(f"nox runs on Python {here[0]}.{here[1]}; patchkit's sessions need 3.11-3.13: "
+                      "install nox into one of those (`python3 -m pip install nox -e .`)")
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+    check = subprocess.run([sys.executable, "-c", "import patchkit.cli.main"], env={**os.environ, **env},
+                           capture_output=True, text=True)
+    if check.returncode != 0:
+        last = (check.stderr.strip().splitlines() or ["?"])[-1]
+        session.error(f"patchkit does not import on nox's Python {sys.executable} ({last}): install it beside "
+                      f"nox, `{sys.executable} -m pip install -e {ROOT}` (the README's `pip install nox -e .`)")
+    return env
+
+
+def run_patchkit(session: nox.Session, *args: str) -> None:
+    """`python -m patchkit ARGS` on the interpreter nox runs on, with this checkout's patchkit."""
+    session.run(sys.executable, "-m", "patchkit", *args, env=patchkit_env(session), external=True)
 
 
 def install_vllm_env(session: nox.Session, release: str) -> None:
@@ -67,7 +102,7 @@ def _release_env(session: nox.Session, release: str, necessity_of: str = "") -> 
     session.env["PATCHKIT_RESULTS"] = str(where)
 
 
-@nox.session(python="3.11")
+@nox.session(python=TEST_PYTHON)
 def tests(session: nox.Session) -> None:
     """The whole suite against real vLLM 0.33.0, real vLLM sources and a real local OCI registry; then the
     release-sensitive tests on every older release (DEFAULT_OLDER) and the What-ran-where check."""
@@ -92,7 +127,7 @@ def _release_session(release: str) -> None:
                     *(session.posargs or RELEASE_SENSITIVE))
 
     run.__doc__ = f"The release-sensitive tests on vLLM {release} (its own cached CPU environment)."
-    nox.session(name=f"release-{release}", python="3.11", venv_backend="uv")(run)
+    nox.session(name=f"release-{release}", python=TEST_PYTHON, venv_backend="uv")(run)
 
 
 for _release in RELEASES[:-1]:
@@ -148,11 +183,10 @@ def patch_necessity(session: nox.Session) -> None:
                         success_codes=[1], external=True)
 
 
-@nox.session(python="3.11")
+@nox.session(python=False)
 def verify(session: nox.Session) -> None:
     """The patch set against the pinned release and every newer vLLM release on the index."""
-    session.install("-e", str(ROOT))
-    session.run("patchkit", "verify", *session.posargs)
+    run_patchkit(session, "verify", *session.posargs)
 
 
 @nox.session(venv_backend="none")
@@ -164,7 +198,7 @@ def killloop(session: nox.Session) -> None:
                 str(ROOT / "tests" / "test_transactions_concurrency.py"), "-k", "kill_loop", external=True)
 
 
-@nox.session(python="3.11")
+@nox.session  # a virtualenv of nox's own interpreter: the test extras go there, not beside nox
 def bench(session: nox.Session) -> None:
     """Benchmarks as ratios against the obvious alternative, in one run."""
     session.install("-e", f"{ROOT}[test]")
@@ -175,13 +209,14 @@ def bench(session: nox.Session) -> None:
     session.run("python", str(ROOT / "tests" / "bench.py"), *session.posargs)
 
 
-@nox.session(name="demo-base", python="3.11")
+@nox.session(name="demo-base", python=False)
 def demo_base(session: nox.Session) -> None:
     """A linux/arm64 base to try the build on, from the real released sources: `nox -s demo-base -- DIR
     [pinned]` writes an OCI layout (vLLM 0.33.0 + FlashInfer 0.7.2.post1, or with `pinned` the stand-in
-    for the images' pinned base); then `nox -s build-4p67 -- --base DIR:base`."""
-    session.install("-e", str(ROOT))
-    session.run("python", str(ROOT / "tests" / "bases.py"), *(session.posargs or ["build/demo-base"]))
+    for the images' pinned base); then `nox -s build-4p67 -- --base DIR:base`, or `patchkit load DIR:base`
+    to put it in Docker."""
+    session.run(sys.executable, str(ROOT / "tests" / "bases.py"), *(session.posargs or ["build/demo-base"]),
+                env=patchkit_env(session), external=True)
 
 
 def _variant_name(image_dir: Path) -> str:
@@ -200,11 +235,10 @@ def _image_sessions() -> None:
         for session_name in dict.fromkeys([f"build-{_variant_name(image_toml.parent)}", f"build-{name}"]):
 
             def build(session: nox.Session, image: str = name) -> None:
-                session.install("-e", str(ROOT))
-                session.run("patchkit", "build", image, *session.posargs)
+                run_patchkit(session, "build", image, *session.posargs)
 
-            build.__doc__ = f"Daemonless linux/arm64 build of {name} (pass --base, --push, --output after --)."
-            nox.session(name=session_name, python="3.11")(build)
+            build.__doc__ = f"Daemonless linux/arm64 build of {name} (pass --base, --push, --output, --load after --)."
+            nox.session(name=session_name, python=False)(build)
 
 
 _image_sessions()

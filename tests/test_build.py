@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 import registry as reg_helpers
+from bases import CU130
+from bases import version_py as scm_version_py
 from packaging.version import Version
 from registry import (  # noqa: F401
     flatten,
@@ -52,6 +54,7 @@ from patchkit.patching.patchset import load_patchset
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = sorted(p.parent.name for p in (ROOT / "images").glob("*/image.toml"))
+IMAGE_4P67 = "glm53-flash-nvfp4-4p67"
 SITE = "usr/local/lib/python3.12/dist-packages"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 SOURCE = "https://example.invalid/patchkit"
@@ -210,7 +213,7 @@ def test_every_image_builds_pushes_and_pulls_back(image_name, base, base_ref, re
     assert ann["org.opencontainers.image.source"] == SOURCE
     assert ann["org.opencontainers.image.revision"] == REVISION
     assert ann["org.opencontainers.image.version"] == built.version
-    assert built.version.startswith("0.33.0-") and built.tag == built.version
+    assert built.version.startswith("0.33.0-") and built.tag == f"{built.version}-{base['index'][7:19]}"
     carried = assert_every_anchor(built.prepared, image)
     assert ann["dev.patchkit.series"] == ",".join(carried)
     for pid in carried:
@@ -456,3 +459,89 @@ def test_push_to_another_registry_streams_the_base_without_caching_it(base, base
                 base["blobs"].get(layer["digest"]) or result.built.layer.blob)
     cached = list((tmp_path / "cache").rglob("*")) if (tmp_path / "cache").exists() else []
     assert not [p for p in cached if p.is_file() and p.name in {d[7:] for d in base["layers"]}]
+
+
+# -- which version a base holds: one rule (sources.installed_version) ---------------------------------------
+
+def _meta(version: str) -> bytes:
+    return f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n\n".encode()
+
+
+@pytest.mark.parametrize(("module", "metadata"), [
+    ("0.33.0", "0.33.0"),
+    ("0.33.0", "0.33.0+cu130"),                                   # setup.py: sep "+" for a release
+    ("0.1.dev20051+g487ecf187", "0.1.dev20051+g487ecf187"),        # a dev build: the same in both
+    ("0.1.dev20051+g487ecf187", "0.1.dev20051+g487ecf187.cu130"),  # sep "." once the version has a "+"
+    ("0.33.0", "0.33.0+precompiled"),
+])
+def test_a_build_writes_one_version_into_its_version_module_and_metadata(module, metadata):
+    from patchkit.sources.installed_version import held_version
+
+    assert held_version("base", "vllm", metadata=_meta(metadata), metadata_path="M", module_name="_version.py",
+                        module=scm_version_py(module), declared=None) == metadata
+
+
+@pytest.mark.parametrize(("module", "metadata", "declared"), [
+    ("0.30.0", "0.1.dev20051+g487ecf187", None),             # the old stand-in: two builds in one base
+    ("0.30.0", "0.1.dev20051+g487ecf187", "0.1.dev20051+g487ecf187"),
+    ("0.33.0", "0.33.0+cu130.extra", None),                  # one suffix label, no more
+    ("0.33.0", "0.33.0.cu130", None),                        # "." only after a local part
+    ("0.33.0", "0.33.0", "0.30.0"),                          # the image file says otherwise
+])
+def test_versions_that_disagree_are_refused_with_every_value_named(module, metadata, declared):
+    from patchkit.sources.installed_version import VersionsDisagree, held_version
+
+    with pytest.raises(VersionsDisagree) as err:
+        held_version("base", "vllm", metadata=_meta(metadata), metadata_path="M", module_name="_version.py",
+                     module=scm_version_py(module), declared=declared)
+    assert (err.value.module_version, err.value.metadata, err.value.declared) == (module, metadata, declared)
+    assert err.value.exit_code == 2
+
+
+def test_a_version_without_metadata_is_not_confirmed():
+    from patchkit.sources.installed_version import VersionUnconfirmed, held_version
+
+    with pytest.raises(VersionUnconfirmed) as err:
+        held_version("base", "vllm", metadata=None, metadata_path="/site/vllm-0.33.0.dist-info/METADATA",
+                     declared="0.33.0")
+    assert (err.value.declared, err.value.looked_at) == ("0.33.0", "/site/vllm-0.33.0.dist-info/METADATA")
+
+
+@pytest.mark.parametrize(("version", "layout"), [("0.30.0+cu130", "0.30.0"), ("0.7.2.post1+cu130", "0.7.2.post1"),
+                                                 ("0.33.0", None), ("0.1.dev20051+g487ecf187", None),
+                                                 ("0.34.0rc1+cu130", None)])
+def test_a_device_suffix_hides_only_a_final_release_layout(version, layout):
+    from patchkit.sources.installed_version import release_layout
+
+    assert release_layout(version) == layout
+
+
+@pytest.fixture(scope="module")
+def cu130(tmp_path_factory):
+    return make_stand_in(CU130, tmp_path_factory.mktemp("cu130") / "layout")
+
+
+def test_a_cu130_base_is_judged_on_its_public_release_layout_and_tagged_apart(cu130, base, patchset, tmp_path):
+    """METADATA 0.33.0+cu130, _version.py 0.33.0 (as vLLM's setup.py writes a CUDA 13.0 build): the
+    planner judges 0.33.0's ranges, the annotations say both, and the tag names the base, so the same
+    series on the plain 0.33.0 base does not overwrite it."""
+    suffixed = run_build(IMAGE_4P67, tmp_path / "a", base=f"{cu130['layout']}:base", output=tmp_path / "a" / "oci")
+    plain = run_build(IMAGE_4P67, tmp_path / "b", base=f"{base['layout']}:base", output=tmp_path / "b" / "oci")
+    prepared = suffixed.built.prepared
+    assert prepared.versions["vllm"] == "0.33.0+cu130" and prepared.engine_versions["vllm"] == "0.33.0"
+    assert [p.id for p in prepared.carried] == [p.id for p in plain.built.prepared.carried]
+    ann = suffixed.built.annotations
+    assert (ann["dev.patchkit.vllm.version"], ann["dev.patchkit.vllm.layout"]) == ("0.33.0+cu130", "0.33.0")
+    assert suffixed.built.tag.endswith(cu130["index"][7:19]) and plain.built.tag.endswith(base["index"][7:19])
+    assert suffixed.built.tag != plain.built.tag
+
+
+def test_an_image_id_is_no_base_reference(tmp_path):
+    from patchkit.images.prepare import is_image_id
+
+    for spec in ("sha256:4f775762eb048883fb40c90831a4d30069611c53e22397c741d5a0a309214d39", "sha256:4f77",
+                 "4f775762eb048883fb40c90831a4d30069611c53e22397c741d5a0a309214d39"):
+        assert is_image_id(spec)
+        with pytest.raises(PatchkitError, match="image id names no registry image"):
+            run_build(IMAGE_4P67, tmp_path, base=spec, output=tmp_path / "oci")
+    assert not is_image_id("vllm/vllm-openai:glm53") and not is_image_id("4f775762eb04")

@@ -1,5 +1,6 @@
-"""The image commands: `build` (an image: its base plus one layer of patched files) and `mirrors` (where CI
-copies each pinned base). cli/main.py registers them (COMMANDS)."""
+"""The image commands: `build` (an image: its base plus one layer of patched files), `load` (an OCI layout's
+linux/arm64 image into the local engine, to build on with --load) and `mirrors` (where CI copies each
+pinned base). cli/main.py registers them (COMMANDS)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,29 @@ def _build_table(summary: dict):
     return table
 
 
+@click.command("load")
+@click.argument("layout", metavar="LAYOUT[:REF]")
+@click.option("--tag", help="The name the engine gets it under (default patchkit/<layout folder>:<REF>).")
+@click.option("--engine-url", "--engine", "engine_url",
+              help="Docker-API endpoint, e.g. unix:///run/podman/podman.sock (default DOCKER_HOST, else Docker's socket).")
+@json_option
+def load_cmd(layout, tag, engine_url, as_json):
+    """Load LAYOUT's linux/arm64 image into the local Docker/podman engine (a docker-archive through the
+    engine's API; skopeo 1.9 cannot read a layout whose entry is a manifest list). Then:
+    `patchkit build IMAGE --load --base TAG`."""
+    from patchkit.images.load import load_layout
+    from patchkit.oci.progress import RichProgress
+
+    loaded = load_layout(layout, tag=tag, engine_url=engine_url, progress=RichProgress(err_console))
+    summary = {"tag": loaded.tag, "image_id": loaded.image_id, "config": loaded.config_digest,
+               "layers": loaded.layers, "sent_bytes": loaded.sent}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        console.print(f"loaded {loaded.tag} ({loaded.image_id}); build on it with "
+                      f"`patchkit build IMAGE --load --base {loaded.tag}`")
+
+
 @click.command("mirrors")
 @click.argument("prefix")
 @click.argument("image", required=False)
@@ -86,4 +110,4 @@ def mirrors_cmd(prefix, image, patches_dir):
         click.echo(f"{source} {mirror}")
 
 
-COMMANDS = (build_cmd, mirrors_cmd)
+COMMANDS = (build_cmd, load_cmd, mirrors_cmd)

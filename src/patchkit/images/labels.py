@@ -43,6 +43,51 @@ def tag_for(version: str) -> str:
     return tag[:128]
 
 
+def image_tag(vllm_version: str, shash: str, base_digest: str) -> str:
+    """`<vllm-version>-<series-hash>-<base>`: the tag every route gives a build (daemonless, --engine,
+    --load), its last part the first 12 hex of the base's digest (its image id where the engine knows no
+    registry digest), so builds of one series on two bases never overwrite each other's tag."""
+    return tag_for(f"{vllm_version}-{shash}-{base_digest.removeprefix('sha256:')[:12]}")
+
+
+def names_engine_id(spec: str, image_id: str) -> bool:
+    """Whether `spec` is the image id `image_id` the engine resolved it to, whole or a prefix (a short id)."""
+    hex_id = image_id.removeprefix("sha256:")
+    given = spec.removeprefix("sha256:")
+    return bool(re.fullmatch(r"[0-9a-f]+", given)) and hex_id.startswith(given)
+
+
+def base_annotations(base) -> dict[str, str]:
+    """`org.opencontainers.image.base.name` / `.base.digest` from what names the base in a registry, and
+    nothing else. The OCI annotations spec: base.name is "the image reference of the image this image is
+    based on", in distribution's reference grammar, and base.digest "the digest of the image this image
+    is based on" (a manifest's or index's digest, what a registry serves it by). So:
+    - a registry reference: that reference (tag kept) and the digest it resolved to;
+    - an OCI layout: its digest only (its path is a place on the builder's disk, not a name);
+    - an engine's image: the repo digest the engine recorded when it pulled it (the one of the repository
+      given, else the first); an image id, a short id or a local tag the engine knows no repo digest for
+      names nothing a registry serves (an id is the digest of the image's config, not of a manifest):
+      both are left out and `dev.patchkit.base.image-id` says which image it was."""
+    image_id = getattr(base, "image_id", None)
+    if image_id is None:
+        name = {} if base.reference is None else {"org.opencontainers.image.base.name": base.name}
+        return {**name, "org.opencontainers.image.base.digest": base.digest}
+    out = {f"{ANNOTATION_PREFIX}.base.image-id": image_id}
+    ref = None if names_engine_id(base.spec, image_id) else base.reference
+    if ref is not None and ref.digest:
+        return {**out, "org.opencontainers.image.base.name": str(ref.with_tag(ref.tag)),
+                "org.opencontainers.image.base.digest": ref.digest}
+    recorded = list(getattr(base, "repo_digests", ()) or ())
+    pick = next((rd for rd in recorded if ref is not None and rd.split("@", 1)[0] in (ref.name, ref.repository)),
+                recorded[0] if recorded else None)
+    if pick is None or "@" not in pick:
+        return out
+    repo, digest = pick.split("@", 1)
+    tag = ref.tag if ref is not None and repo in (ref.name, ref.repository) else None
+    return {**out, "org.opencontainers.image.base.name": f"{repo}:{tag}" if tag else repo,
+            "org.opencontainers.image.base.digest": digest}
+
+
 def commit_epoch(root: Path = CHECKOUT) -> int | None:
     """The committer time of HEAD, or None outside a git checkout."""
     try:
@@ -106,7 +151,7 @@ def git_source_url(root: Path = CHECKOUT) -> str | None:
 @dataclass(frozen=True)
 class Metadata:
     version: str                 # <vllm version>-<series hash>
-    tag: str                     # version made a valid tag
+    tag: str                     # image_tag(): the version and the base, made a valid tag
     labels: dict[str, str]       # image config labels (the image file's own, then patchkit's)
     annotations: dict[str, str]  # manifest annotations (patchkit's, plus each patch's digest)
     epoch: int
@@ -126,8 +171,7 @@ def describe_image(prepared: Prepared, *, epoch: int | None = None, revision: st
     shash = series_hash(prepared.carried)
     version = f"{prepared.versions['vllm']}-{shash}"
     common = {
-        "org.opencontainers.image.base.name": base.name,
-        "org.opencontainers.image.base.digest": base.digest,
+        **base_annotations(base),
         **({"org.opencontainers.image.source": source} if source else {}),
         "org.opencontainers.image.revision": revision or git_revision(),
         "org.opencontainers.image.version": version,
@@ -144,4 +188,5 @@ def describe_image(prepared: Prepared, *, epoch: int | None = None, revision: st
         common[f"{ANNOTATION_PREFIX}.skipped"] = ",".join(f"{p.id}:{state}" for p, state, _ in prepared.skipped)
     labels = {**image.labels, **common}
     annotations = {**common, **{f"{ANNOTATION_PREFIX}.patch.{p.id}": p.digest for p in prepared.carried}}
-    return Metadata(version, tag_for(version), labels, annotations, epoch, created)
+    return Metadata(version, image_tag(prepared.versions["vllm"], shash, base.digest), labels, annotations, epoch,
+                    created)

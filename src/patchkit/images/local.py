@@ -42,6 +42,7 @@ class LocalBase:
     image_id: str
     from_ref: str          # what the Dockerfile's FROM names (resolved locally, never pulled)
     reference: Reference | None = None
+    repo_digests: tuple[str, ...] = ()   # the engine's RepoDigests of it (labels.base_annotations)
 
 
 def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
@@ -77,7 +78,7 @@ def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
     digest = ref.digest if ref is not None and ref.digest else next(
         (rd.split("@", 1)[1] for rd in attrs.get("RepoDigests") or []), found.id)
     name = str(ref.with_tag(ref.tag)) if ref is not None else spec
-    return LocalBase(spec, name, digest, platform, found.id, from_ref, ref)
+    return LocalBase(spec, name, digest, platform, found.id, from_ref, ref, tuple(attrs.get("RepoDigests") or ()))
 
 
 def prepare_local(image: Image, patchset: PatchSet, client, base: LocalBase, *, explicit: bool,

@@ -24,6 +24,7 @@ from patchkit.oci.source import ImageLayersSource, PackageRoot
 from patchkit.patching.patchset import Patch, PatchSet
 from patchkit.patching.planner import FileChange, Plan, State, plan
 from patchkit.sources.cache import default_cache_root
+from patchkit.sources.installed_version import release_layouts
 
 # States a series patch may end in and still be part of a correct image. NOT_APPLIED: applied by this
 # build. APPLIED: the base already carries it. Anything else is either an error (broken, partial) or
@@ -62,6 +63,12 @@ class Prepared:
     stale_bytecode: list[str]            # image paths deleted (daemonless) or stubbed (engine)
 
 
+def is_image_id(spec: str) -> bool:
+    """An engine's image id as `--base` may give it: `sha256:<hex>` (the reference grammar would read
+    it as repository `sha256`, tag `<hex>`) or 64 hex, which Docker refuses as a repository name."""
+    return re.fullmatch(r"sha256:[0-9a-f]{1,64}|[0-9a-f]{64}", spec) is not None
+
+
 def is_own_base(image: Image, base_spec: str | None, digests: set[str]) -> bool:
     """The image file's versions and layout describe its own base; any other base speaks for itself."""
     return base_spec is None or image.base_digest in digests
@@ -86,6 +93,10 @@ def prepare(image: Image, patchset: PatchSet, *, base: str | None = None, cache:
     progress = progress or Quiet()
     spec = base or image.base
     platform = Platform.parse(image.platform)
+    if is_image_id(spec) and not Path(spec).exists():
+        raise PatchkitError(f"--base {spec}: an engine's image id names no registry image and the engine "
+                            "has no such image (a --load build looks ids up there): pass the name or id of an "
+                            "image in the engine with --load, a registry reference, or an OCI layout directory")
     try:
         base_image = open_base(spec, platform, cache=cache or default_cache_root() / "oci", progress=progress,
                                keep=keep)
@@ -105,7 +116,9 @@ def plan_on(image: Image, patchset: PatchSet, base_image, source, *, own: bool, 
     patches = patchset.series(list(image.series))
     source.prefetch(wanted_files(patches))
     versions = source.versions()
-    engine_versions = image.engine_versions() if own else {}
+    # The release whose files each package holds: a declared layout for the image's own base, else a
+    # final release's public version when a device suffix (+cu130) hides it (sources.installed_version).
+    engine_versions = {**release_layouts(versions), **(image.engine_versions() if own else {})}
     result = plan(patches, source, versions=engine_versions or None)
     result.raise_for_errors()
     carried, skipped = [], []

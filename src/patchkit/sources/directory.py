@@ -19,6 +19,7 @@ from patchkit.sources.base import (
     find_package_root,
     relative_path,
 )
+from patchkit.sources.installed_version import VERSION_MODULES, held_version
 from patchkit.sources.metadata import (
     core_metadata,
     same_distribution,
@@ -106,15 +107,13 @@ class DirectorySource:
             raise PatchkitError(
                 f"several installed versions of {dist} in {root.parent} ({names}): remove the stale ones"
             )
+        version_file = root / VERSION_MODULES.get(package, "_version.py")
         if dist_infos:
             metadata = dist_infos[0] / "METADATA"
             if not metadata.is_file():
                 raise PatchkitError(f"{dist_infos[0]} has no METADATA file: the installation is broken")
-            _, version = core_metadata(metadata.read_bytes())
-            if version is None:
-                raise PatchkitError(f"{metadata} states no Version")
-            return version
-        version_file = root / "_version.py"
+            return held_version(str(root), dist, metadata=metadata.read_bytes(), metadata_path=str(metadata),
+                                module_name=version_file.name, module=_maybe_read(version_file))
         if version_file.is_file() and (version := version_py(version_file.read_bytes())):
             return version
         # A src layout keeps the project files one level further up.

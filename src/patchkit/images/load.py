@@ -1,0 +1,175 @@
+"""`patchkit load LAYOUT[:REF]`: an OCI layout's linux/arm64 image into the local Docker or podman engine,
+so `patchkit build IMAGE --load --base TAG` can build on it (the demo base of `nox -s demo-base`, say).
+
+Why not skopeo: Debian's skopeo 1.9.3 refuses the demo layout (`no descriptor found for reference
+"base"`): the layout's index entry is a manifest list, which that version does not descend. patchkit
+selects the platform's manifest itself (oci.base, as every build does) and sends the engine a
+docker-archive, the format `docker save` writes and `docker load` / podman's `POST /images/load`
+take: `manifest.json` (`[{"Config", "RepoTags", "Layers"}]`), the image config, and each layer as
+the uncompressed tar its config's `rootfs.diff_ids` name. Every blob is checked against its digest and
+every layer's uncompressed bytes against its diff_id as it is written; the archive is spooled to a
+temporary file in bounded chunks, never held in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import tarfile
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from patchkit.errors import PatchkitError
+from patchkit.oci.base import BaseImage, open_base
+from patchkit.oci.media import OCI_LAYER_TAR, READABLE_LAYERS, Platform
+from patchkit.oci.progress import Progress, Quiet
+from patchkit.oci.registry import Reference
+
+PLATFORM = "linux/arm64"
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class LoadedBase:
+    tag: str           # the name the engine now has it under
+    image_id: str      # the engine's id of it (the config's digest)
+    config_digest: str
+    layers: int
+    sent: int          # archive bytes sent to the engine
+
+
+def default_tag(spec: str) -> str:
+    """`patchkit/<layout folder>:<ref>` (`build/demo-base:base` -> `patchkit/demo-base:base`)."""
+    folder, ref = (spec, "") if Path(spec).is_dir() or ":" not in spec else spec.rsplit(":", 1)
+    name = re.sub(r"[^a-z0-9._-]+", "-", Path(folder).resolve().name.lower()).strip("._-") or "base"
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", ref or "latest")[:128]
+    return f"patchkit/{name}:{tag}"
+
+
+def open_layout(spec: str, cache: Path, progress: Progress) -> BaseImage:
+    """The layout's linux/arm64 image; anything that is not an OCI layout directory is refused."""
+    head = spec.rpartition(":")[0]
+    if not (Path(spec).is_dir() or (head and Path(head).is_dir())):
+        raise PatchkitError(f"patchkit load {spec}: not an OCI layout directory (DIR or DIR:REF); an image in "
+                            "a registry is pulled by the engine itself (docker pull)")
+    return open_base(spec, Platform.parse(PLATFORM), cache=cache, progress=progress)
+
+
+def write_archive(base: BaseImage, tag: str, out: BinaryIO, workdir: Path) -> int:
+    """The docker-archive of `base` tagged `tag` into `out`; the number of layers."""
+    diff_ids = list((base.config.get("rootfs") or {}).get("diff_ids") or [])
+    if len(diff_ids) != len(base.layers):
+        raise PatchkitError(f"{base.spec}: the config names {len(diff_ids)} layers (rootfs.diff_ids), the manifest "
+                            f"{len(base.layers)}")
+    config_name = base.manifest["config"]["digest"].removeprefix("sha256:") + ".json"
+    names = []
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _add(tar, config_name, base.config_bytes)
+        for desc, diff_id in zip(base.layers, diff_ids):
+            name = f"{diff_id.removeprefix('sha256:')}/layer.tar"
+            spool = workdir / "layer.tar"
+            with open(spool, "wb") as raw:
+                _uncompressed(base, desc, diff_id, raw)
+            tar.add(spool, arcname=name, filter=_plain)
+            spool.unlink()
+            names.append(name)
+        manifest = [{"Config": config_name, "RepoTags": [tag], "Layers": names}]
+        _add(tar, "manifest.json", json.dumps(manifest).encode())
+    return len(names)
+
+
+def _uncompressed(base: BaseImage, desc: dict, diff_id: str, out: BinaryIO) -> None:
+    """Layer `desc`'s tar into `out`, its blob checked against its digest and the tar against diff_id."""
+    digest, media_type = desc.get("digest", ""), desc.get("mediaType", "")
+    if media_type not in READABLE_LAYERS:
+        raise PatchkitError(f"{base.spec}: layer {digest} is {media_type}; gzip or plain tar layers only")
+    blob_sha, tar_sha = hashlib.sha256(), hashlib.sha256()
+    inflate = None if media_type == OCI_LAYER_TAR else zlib.decompressobj(16 + zlib.MAX_WBITS)
+    with base.open_blob(digest, desc.get("size")) as raw:
+        while chunk := raw.read(CHUNK):
+            blob_sha.update(chunk)
+            try:
+                data = inflate.decompress(chunk) if inflate else chunk
+            except zlib.error as exc:
+                raise PatchkitError(f"{base.spec}: layer {digest} is not gzip data ({exc})") from None
+            tar_sha.update(data)
+            out.write(data)
+    if inflate is not None and not inflate.eof:
+        raise PatchkitError(f"{base.spec}: layer {digest} ends inside its gzip stream")
+    if "sha256:" + blob_sha.hexdigest() != digest:
+        raise PatchkitError(f"{base.spec}: layer {digest} does not match its digest")
+    if "sha256:" + tar_sha.hexdigest() != diff_id:
+        raise PatchkitError(f"{base.spec}: layer {digest} uncompresses to sha256:{tar_sha.hexdigest()}, not the "
+                            f"diff_id {diff_id} its config names")
+
+
+def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.mode, info.mtime = 0o644, 0
+    return info
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode = len(data), 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def load_layout(spec: str, *, tag: str | None = None, engine_url: str | None = None, cache: Path | None = None,
+                progress: Progress | None = None) -> LoadedBase:
+    """Load the layout `spec`'s linux/arm64 image into the engine under `tag` (default_tag)."""
+    from patchkit.images.engine import connect
+    from patchkit.sources.cache import default_cache_root
+
+    progress = progress or Quiet()
+    tag = tag or default_tag(spec)
+    try:
+        parsed = Reference.parse(tag)
+    except PatchkitError as exc:
+        raise PatchkitError(f"--tag {tag!r}: {exc}") from None
+    if parsed.digest or not parsed.tag:
+        raise PatchkitError(f"--tag {tag!r}: give NAME:TAG (no digest): the engine names what it loads by a tag")
+    base = open_layout(spec, cache or default_cache_root() / "oci", progress)
+    client = connect(engine_url)
+    with tempfile.TemporaryDirectory(prefix="patchkit-load-") as tmp:
+        archive = Path(tmp) / "image.tar"
+        with open(archive, "wb") as out:
+            layers = write_archive(base, tag, out, Path(tmp))
+        sent = archive.stat().st_size
+        progress.note(f"sending {base.spec} ({PLATFORM}, {layers} layers, {sent} bytes) to the engine as {tag}")
+        with open(archive, "rb") as data:
+            _send(client, data, tag)
+    image_id = _loaded_id(client, tag)
+    return LoadedBase(tag, image_id, base.manifest["config"]["digest"], layers, sent)
+
+
+def _send(client, data: BinaryIO, tag: str) -> None:
+    import docker
+    import requests
+
+    try:
+        for chunk in client.api.load_image(data):
+            if isinstance(chunk, dict) and chunk.get("error"):
+                raise PatchkitError(f"the engine refused the image for {tag}: {str(chunk['error']).strip()}")
+    except docker.errors.APIError as exc:
+        raise PatchkitError(f"the engine refused the image for {tag}: {exc.explanation or exc}") from None
+    except (requests.exceptions.RequestException, OSError) as exc:
+        raise PatchkitError(f"the engine stopped answering while loading {tag} ({exc.__class__.__name__})") from None
+
+
+def _loaded_id(client, tag: str) -> str:
+    import docker
+
+    try:
+        return client.images.get(tag).id
+    except docker.errors.NotFound:
+        raise PatchkitError(f"the engine took the archive but has no image {tag} after it") from None
+    except docker.errors.APIError as exc:
+        raise PatchkitError(f"the engine cannot look up {tag} after loading it: {exc.explanation or exc}") from None
+

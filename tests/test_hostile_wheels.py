@@ -507,7 +507,8 @@ def test_a_full_tmpfs_leaves_nothing_behind(small, series, tmp_path):
     """The real ENOSPC: a 64 KiB tmpfs as the output folder (root only: mounting needs CAP_SYS_ADMIN)."""
     mount = tmp_path / "tiny"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}): the injected ENOSPC cases cover this path")
     try:
@@ -607,6 +608,16 @@ def test_wheel_index_refuses_a_bad_wheel_naming_it(small, tmp_path):
     (wheels / "vllm-0.33.0+glm53.abc-cp38-abi3-manylinux_2_28_x86_64.whl").write_bytes(b"PK\x03\x04 not a zip")
     outcome = run_patchkit("wheel", "index", str(wheels))
     assert_refused(outcome, "vllm-0.33.0+glm53.abc-cp38-abi3-manylinux_2_28_x86_64.whl", "not a readable zip")
+    assert not (wheels / "simple").exists()
+
+
+@pytest.mark.parametrize("name", ["garbage.whl", "vllm-not.a.version-py3-none-any.whl"])
+def test_wheel_index_refuses_a_file_not_named_as_a_wheel(small, tmp_path, name):
+    wheels = tmp_path / "wheels"
+    release = small.write(wheels)
+    release.rename(wheels / name)
+    outcome = run_patchkit("wheel", "index", str(wheels))
+    assert_refused(outcome, name, "not a wheel's file name")
     assert not (wheels / "simple").exists()
 
 

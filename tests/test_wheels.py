@@ -37,6 +37,7 @@ from patchkit.sources.wheel import WheelSource
 from patchkit.wheels.build import build_wheel
 from patchkit.wheels.index import write_index
 from patchkit.wheels.release import release_wheel
+from patchkit.wheels.verified import open_wheel
 
 pytestmark = [pytest.mark.network, pytest.mark.vllm]
 
@@ -78,6 +79,17 @@ def test_every_record_row_matches_its_member(built):
             continue
         digest = base64.urlsafe_b64encode(hashlib.sha256(files[name]).digest()).rstrip(b"=").decode()
         assert (algorithm_hash, size) == (f"sha256={digest}", str(len(files[name]))), name
+
+
+def test_the_release_and_the_built_wheel_pass_the_release_checks(release, built):
+    """The real release verifies whole (every member against its RECORD), and so does what was built from
+    it: the output is a wheel patchkit itself would take as a release."""
+    with open_wheel(release) as old, open_wheel(built.path) as new:
+        assert (old.name, old.version, new.version) == ("vllm", VERSION, built.manifest.version)
+        renamed = {n.replace(old.dist_info, new.dist_info) for n in old.members
+                   if n.rsplit("/", 1)[-1] not in ("RECORD.jws", "RECORD.p7s")}
+        assert set(new.members) == renamed | {f"{new.dist_info}/patchkit.json"}
+        assert len(old.members) > 5000
 
 
 def test_the_changes_are_exactly_the_planners_plan(release, series, built):

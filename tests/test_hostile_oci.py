@@ -377,8 +377,21 @@ def test_a_blob_copied_between_registries_is_verified_on_the_way(hostile, regist
     assert not target.blob_exists("copy/dst", digest)
 
 
+def _gzip_bomb(size: int) -> bytes:
+    """`size` zero bytes gzipped: one 16 MiB gzip member (~1000:1) repeated, as gzip allows members to follow
+    one another, so it costs a few milliseconds to make."""
+    import gzip
+    member = gzip.compress(b"\0" * (16 << 20), compresslevel=9, mtime=0)
+    return member * (size // (16 << 20))
+
+
+BOMB = _gzip_bomb(2 << 30)  # 2 GiB inflated, ~2 MiB on the wire: past the 1.5 GiB the command may use
+
 # The bodies that never end, through the command itself: bounded memory (1.5 GiB address space), no hang.
 ENDLESS = {
+    "manifest, a gzip bomb sent unasked": ("GET", "/v2/x/y/manifests/base",
+                                           Answer(200, BOMB, {"Content-Type": DOCKER_LIST, "Content-Encoding": "gzip"}),
+                                           "PATCHKIT_LIMIT_MANIFEST"),
     "manifest, chunked": ("GET", "/v2/x/y/manifests/base", Answer(200, endless(), {"Content-Type": DOCKER_LIST}),
                           "PATCHKIT_LIMIT_MANIFEST"),
     "manifest, declaring 3 GiB": ("GET", "/v2/x/y/manifests/base",

@@ -49,6 +49,9 @@ DOCKER_HUB_API = "registry-1.docker.io"
 TIMEOUT = (10, 300)  # connect, read (seconds)
 CHUNK = 1 << 20
 ERROR_TEXT = 64 << 10  # what is read of an error answer's body: its message is in the first few hundred bytes
+# A bounded body is read this much at a time: a Content-Encoding a server sends unasked is inflated a chunk
+# at a time by urllib3, so one step of a deflate bomb (~1000:1) stays under 64 MiB.
+BODY_STEP = 64 << 10
 
 _REF_RE = re.compile(
     r"^(?P<repo>[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*)"
@@ -172,7 +175,7 @@ def read_body(resp: requests.Response, kind: str, what: str) -> bytes:
         raise InputTooLarge(what, kind, limit, int(declared))
     data = bytearray()
     try:
-        for chunk in resp.iter_content(CHUNK):
+        for chunk in resp.iter_content(BODY_STEP):
             data += chunk
             if len(data) > limit:
                 raise InputTooLarge(what, kind, limit)
@@ -397,7 +400,7 @@ class _Download:
 def _error_text(resp: requests.Response) -> str:
     """The registry's own words for a failure, from the first 64 KiB of its answer."""
     try:
-        raw = resp.raw.read(ERROR_TEXT, decode_content=True) or b""
+        raw = resp.raw.read(ERROR_TEXT, decode_content=False) or b""  # never inflated: a message, not a bomb
     except Exception:  # urllib3's errors: the message is a courtesy, the status already says it failed
         raw = b""
     finally:

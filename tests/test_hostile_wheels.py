@@ -479,6 +479,14 @@ def test_a_failing_fsync_or_rename_leaves_nothing_behind(small, series, tmp_path
     assert list(out.iterdir()) == [] and unraisable == []
 
 
+def test_an_output_folder_that_is_a_file_is_refused(small, series, tmp_path):
+    release = small.write(tmp_path / "release")
+    (tmp_path / "out").write_bytes(b"a file")
+    with pytest.raises(PatchkitError, match="cannot be written") as caught:
+        build_wheel(release, series, "full", tmp_path / "out")
+    assert str(tmp_path / "out") in str(caught.value) and (tmp_path / "out").read_bytes() == b"a file"
+
+
 def test_a_release_changed_while_copied_leaves_nothing_behind(small, series, tmp_path, monkeypatch, unraisable):
     """Verified, then a late member's bytes changed in place (same file, same size) before the copy: the
     copy's own hash of what it wrote differs from the verified one, and the partial output goes."""

@@ -116,3 +116,5 @@ def test_the_pinned_base_stand_in_follows_the_root_definition(images):
     assert (stand_in.vllm_metadata, stand_in.vllm) == (vllm.version, vllm.layout) == ("0.1.dev20051+g487ecf187", "0.30.0")
     assert f"/{stand_in.site}/vllm" == vllm.path and f"/{stand_in.site}/flashinfer" == flashinfer.path
     assert stand_in.flashinfer == (flashinfer.version or "0.6.18.post1")
+    # a real dev build writes its dev version into _version.py as into METADATA (tests/bases.version_py)
+    assert stand_in.scm_version == vllm.version

@@ -196,3 +196,20 @@ def test_every_route_builds_the_pinned_base_stand_in_in_the_engine(registry_serv
         labels = client.images.get(result.engine_image).labels
         assert labels[BASE_DIGEST] == ref.split("@")[1] and labels[BASE_NAME].endswith("vllm/pinned:glm53-flash-arm64-cu130")
         assert labels["dev.patchkit.vllm.layout"] == "0.30.0"
+
+
+def test_load_of_a_cu130_base_finds_its_suffixed_metadata(client, podman, tmp_path_factory, tmp_path):
+    """A CUDA 13.0 build (METADATA 0.33.0+cu130, _version.py 0.33.0, Env CUDA_VERSION=13.0.1) loaded into
+    the engine and given by its tag: the engine route finds vllm-0.33.0+cu130.dist-info from the image's
+    CUDA_VERSION (it cannot list site-packages without moving it) and judges 0.33.0's layout."""
+    from bases import CU130
+
+    from patchkit.images.load import load_layout
+
+    made = make_stand_in(CU130, tmp_path_factory.mktemp("cu130") / "layout")
+    loaded = load_layout(f"{made['layout']}:base", tag="patchkit/cu130:base", engine_url=podman)
+    result = build(IMAGE, base=loaded.tag, load=True, engine_url=podman, epoch=EPOCH, quiet=True,
+                   cache=tmp_path / "cache")
+    prepared = result.built.prepared
+    assert prepared.versions["vllm"] == "0.33.0+cu130" and prepared.engine_versions["vllm"] == "0.33.0"
+    assert client.images.get(result.engine_image).labels["dev.patchkit.vllm.layout"] == "0.33.0"

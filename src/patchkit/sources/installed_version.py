@@ -30,7 +30,9 @@ from patchkit.sources.metadata import core_metadata, same_version, version_py
 
 # The module each package writes its own version into (vLLM: setuptools-scm; FlashInfer: its build).
 VERSION_MODULES = {"vllm": "_version.py", "flashinfer": "_build_meta.py"}
-_SUFFIX = re.compile(r"[a-z0-9]+")
+# A device suffix (vLLM's setup.py: cu130, cpu, rocm...), or patchkit's own patched-wheel label
+# glm53.<12 hex of the series hash> (wheels/build.py LOCAL_PREFIX), whose _version.py stays the release's.
+_SUFFIX = re.compile(r"[a-z0-9]+|glm53\.[0-9a-f]{12}")
 
 
 class VersionUnconfirmed(PatchkitError):

@@ -199,6 +199,28 @@ def test_members_kept_for_later_are_bounded_and_read_again_when_asked(tmp_path, 
     assert (err.value.kind, err.value.size) == ("member", 20_000)
 
 
+def test_the_members_one_read_asks_for_are_bounded_together(tmp_path, monkeypatch):
+    """Many targets each under the limit cannot add up past it: 40 KB twice under a 64 KiB limit."""
+    monkeypatch.setenv("PATCHKIT_LIMIT_MEMBER", str(64 * 1024))
+    files = {"__init__.py": b"", "a.py": b"a" * 40_000, "b.py": b"b" * 40_000}
+    path = tmp_path / "vllm-0.33.0.tar.gz"
+    path.write_bytes(sdist_bytes("vllm", "0.33.0", files))
+    source = SdistSource(path)
+    source._archive._held.clear()  # as if the pass had kept nothing: both come from one new pass
+    with pytest.raises(InputTooLarge, match=r"with the members read before it") as err:
+        source.read_many("vllm", ["a.py", "b.py"])
+    assert (err.value.kind, err.value.size) == ("member", 40_000)
+
+
+def test_an_inflated_tar_past_the_tar_limit_is_refused_even_in_zero_padding(tmp_path):
+    """Zeros after the end-of-archive marker are read to check the gzip trailer: bounded like the rest."""
+    stream, crc = deflated_zeros(gzip.decompress(sdist_around(member(f"{TOP}/vllm/envs.py", b"x\n"))), 128 * MiB, b"")
+    total = len(gzip.decompress(sdist_around(member(f"{TOP}/vllm/envs.py", b"x\n")))) + 128 * MiB
+    data = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff" + stream + struct.pack("<II", crc, total & 0xFFFFFFFF)
+    outcome, path = check(tmp_path, data, PATCHKIT_LIMIT_TAR=str(64 * MiB))
+    assert_refused(outcome, str(path), "the tar stream of the archive, inflated", "PATCHKIT_LIMIT_TAR")
+
+
 def zip_of(entries: list[tuple[str, int, bytes, int, int]]) -> bytes:
     """A zip written by hand from (name, method, stored bytes, CRC-32, inflated size) entries."""
     out, central = bytearray(), bytearray()

@@ -430,6 +430,30 @@ def test_the_build_command_refuses_a_hostile_registry_with_exit_2(attack, needle
         assert_refused(run_patchkit("build", IMAGE, "--base", served["ref"], "--dry-run"), needle)
 
 
+def test_a_manifest_dripped_a_byte_at_a_time_is_given_up_on_at_the_deadline(hostile, tmp_path, monkeypatch):
+    """Each byte inside the read timeout, the whole never done: the answer has a deadline of its own."""
+    import time
+
+    def drip():
+        while True:
+            time.sleep(0.05)
+            yield b" "
+
+    served = hostile.image("x/y", [LAYER])
+    hostile.route("GET", "/v2/x/y/manifests/base", Answer(200, drip, {"Content-Type": DOCKER_LIST}))
+    monkeypatch.setattr("patchkit.oci.registry.BODY_DEADLINE_S", 1.0)
+    from concurrent.futures import ThreadPoolExecutor, TimeoutError
+    pool = ThreadPoolExecutor(1)  # a regression hangs the open, not the test run
+    future = pool.submit(_base, served["ref"], tmp_path)
+    try:
+        error = future.exception(timeout=20)
+    except TimeoutError:
+        pytest.fail("the dripped manifest was still being read after 20 s")
+    finally:
+        pool.shutdown(wait=False)
+    assert isinstance(error, PatchkitError) and "still arriving after 1 s" in str(error), error
+
+
 def test_a_token_service_that_never_stops_answering_is_cut_at_the_limit(tmp_path):
     with HostileRegistry(token=True) as reg:
         served = reg.image("x/y", [LAYER])
@@ -483,11 +507,17 @@ def test_fuzz_a_layout_opens_as_a_base_or_is_refused(index, manifest, config):
         assert base.platform == ARM64 and isinstance(base.config, dict)
 
 
+@pytest.fixture(scope="module")
+def fuzzed_registry():
+    with HostileRegistry() as reg:
+        yield reg, reg.image("x/y", [LAYER])
+
+
 @given(manifest=DOCUMENT | JSON)
-def test_fuzz_a_registry_manifest_is_a_base_or_a_patchkit_error(manifest):
-    with HostileRegistry() as reg, tempfile.TemporaryDirectory() as tmp:
-        served = reg.image("x/y", [LAYER])
-        reg.manifest("x/y", "base", json.dumps(manifest).encode(), DOCKER_LIST)
+def test_fuzz_a_registry_manifest_is_a_base_or_a_patchkit_error(manifest, fuzzed_registry):
+    reg, served = fuzzed_registry
+    reg.manifest("x/y", "base", json.dumps(manifest).encode(), DOCKER_LIST)
+    with tempfile.TemporaryDirectory() as tmp:
         try:
             _base(served["ref"], Path(tmp))
         except PatchkitError:

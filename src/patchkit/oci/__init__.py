@@ -7,6 +7,8 @@ pick one platform out of a multi-arch index, or write non-reproducible tars. The
 specified exactly by the OCI image, image-layout and distribution specs, so they live here:
 
 - `media`: media types, canonical JSON, digests, platforms.
+- `schema`: the shapes of the index, manifest and config read from outside (msgspec), checked at the
+  boundary; `verified`: a blob read no further than its descriptor's size and checked against its digest.
 - `layer`: deterministic tar+gzip layer writer and a streaming layer reader.
 - `image`: pure "base + appended layer -> config + manifest" mutations (go-containerregistry's mutate).
 - `layout`: OCI image-layout directories, read and written atomically.

@@ -21,12 +21,14 @@ import base64
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin
 
 import msgspec
 import requests
+import urllib3
 
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import MalformedJson, decode, load_json_object
@@ -52,6 +54,9 @@ ERROR_TEXT = 64 << 10  # what is read of an error answer's body: its message is 
 # A bounded body is read this much at a time: a Content-Encoding a server sends unasked is inflated a chunk
 # at a time by urllib3, so one step of a deflate bomb (~1000:1) stays under 64 MiB.
 BODY_STEP = 64 << 10
+# A manifest or token answer arrives in well under a second; one dripped a byte at a time, each inside the
+# read timeout, would otherwise keep a build waiting for ever.
+BODY_DEADLINE_S = 120.0
 
 _REF_RE = re.compile(
     r"^(?P<repo>[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*)"
@@ -174,12 +179,18 @@ def read_body(resp: requests.Response, kind: str, what: str) -> bytes:
         resp.close()
         raise InputTooLarge(what, kind, limit, int(declared))
     data = bytearray()
+    deadline = time.monotonic() + BODY_DEADLINE_S
+    read1 = getattr(resp.raw, "read1", None)  # urllib3 2: what has arrived, without waiting for a full step
+    chunks = iter(lambda: read1(BODY_STEP, decode_content=True), b"") if read1 else resp.iter_content(BODY_STEP)
     try:
-        for chunk in resp.iter_content(BODY_STEP):
+        for chunk in chunks:
             data += chunk
             if len(data) > limit:
                 raise InputTooLarge(what, kind, limit)
-    except requests.RequestException as exc:
+            if time.monotonic() > deadline:
+                raise PatchkitError(f"{what}: the answer is still arriving after {BODY_DEADLINE_S:g} s "
+                                    f"({len(data):,} B so far); a registry sends a manifest in well under a second")
+    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
         raise PatchkitError(f"{what}: the answer broke off: {exc.__class__.__name__}: {exc}") from None
     finally:
         resp.close()

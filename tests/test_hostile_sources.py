@@ -265,6 +265,27 @@ def zip_offsets(data: bytes) -> list[int]:
     return starts
 
 
+def test_a_central_directory_past_the_metadata_limit_is_refused_before_zipfile_reads_it(tmp_path):
+    """zipfile makes an object per entry: 3 million empty entries in a 280 MB file would be 1.5 GB."""
+    entries = [stored("vllm/__init__.py", b""), stored("vllm-0.33.0.dist-info/METADATA", b"Name: vllm\nVersion: 0.33.0\n")]
+    data = zip_of(entries + [stored(f"vllm/m{i}.py", b"") for i in range(200)])
+    outcome, path = check(tmp_path, data, "vllm-0.33.0-py3-none-any.whl", PATCHKIT_LIMIT_METADATA=str(4096))
+    assert_refused(outcome, f"archive {path}: its central directory", "PATCHKIT_LIMIT_METADATA")
+    zip64 = io.BytesIO()
+    with zipfile.ZipFile(zip64, "w") as archive:
+        for i in range(200):
+            archive.writestr(f"vllm/m{i}.py", b"")
+    raw = bytearray(zip64.getvalue())
+    end = raw.rindex(b"PK\x05\x06")  # the same, deferred to a zip64 end record, as zipfile writes one
+    cd_size, cd_offset = struct.unpack_from("<II", raw, end + 12)
+    record = struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, 200, 200, cd_size, cd_offset)
+    locator = struct.pack("<IIQI", 0x07064B50, 0, end, 1)
+    raw[end + 12:end + 16] = b"\xff\xff\xff\xff"
+    raw = raw[:end] + record + locator + raw[end:]
+    outcome, path = check(tmp_path, bytes(raw), "vllm-0.33.0-py3-none-any.whl", PATCHKIT_LIMIT_METADATA=str(4096))
+    assert_refused(outcome, f"archive {path}: its central directory", f"{cd_size:,} B")
+
+
 # --- exit 3 for malformed input ----------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ not UTF-8 refuses the archive, and so does a member under a name the archive sto
 from __future__ import annotations
 
 import lzma
+import os
 import stat
 import struct
 import zipfile
@@ -197,16 +198,37 @@ _METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfi
             zipfile.ZIP_LZMA: "lzma"}
 
 
+def central_directory_size(file) -> int:
+    """The size the end record gives the central directory (zip64's when it defers to it): zipfile reads
+    that much at once and makes an object per entry, so it is bounded before zipfile opens the file."""
+    end = file.seek(0, os.SEEK_END)
+    file.seek(max(0, end - 22 - 0xFFFF))  # the end record, then a comment of at most 64 KiB
+    tail = file.read()
+    at = tail.rfind(b"PK\x05\x06")
+    size = struct.unpack_from("<I", tail, at + 12)[0] if 0 <= at <= len(tail) - 22 else 0  # else zipfile refuses
+    if size == 0xFFFFFFFF and at >= 20 and tail[at - 20:at - 16] == b"PK\x06\x07":
+        file.seek(struct.unpack_from("<Q", tail, at - 12)[0])
+        record = file.read(56)
+        size = struct.unpack_from("<Q", record, 40)[0] if record[:4] == b"PK\x06\x06" and len(record) == 56 else size
+    file.seek(0)
+    return size
+
+
 class ZipArchive:
-    """Zip members are indexed and checksummed one by one: each read opens just that member, capped."""
+    """Zip members are indexed and checksummed one by one: each read opens just that member, capped. The
+    central directory is bounded by the `metadata` limit (it is the size of RECORD's order)."""
 
     def __init__(self, path: Path, *, discard: Callable[[], None] | None = None):
         self.path, self._discard = path, discard
         self._listing: dict[str, str] = {}
         self._infos: dict[str, zipfile.ZipInfo] = {}
         try:
-            with open_regular(path, "archive", f"archive {path}") as file, zipfile.ZipFile(file) as archive:
-                infos = archive.infolist()
+            with open_regular(path, "archive", f"archive {path}") as file:
+                size, limit = central_directory_size(file), limit_of("metadata")
+                if size > limit:
+                    raise InputTooLarge(f"archive {path}: its central directory", "metadata", limit, size)
+                with zipfile.ZipFile(file) as archive:
+                    infos = archive.infolist()
         except _ZIP_ERRORS as error:
             raise _corrupt(path, error, discard) from error
         for info in infos:

@@ -92,9 +92,9 @@ def _raw(header: dict, data: bytes = b"") -> bytes:
     [
         (b"\x01\x00", "shorter than the 8-byte"),
         (struct.pack("<Q", 500) + b"{}", "header truncated"),
-        (struct.pack("<Q", 200 * 1024 * 1024), "exceeds"),
+        (struct.pack("<Q", 200 * 1024 * 1024), "over the 104,857,600 B limit for a safetensors-header"),
         (struct.pack("<Q", 3) + b"{x}", "not valid JSON"),
-        (_raw([1]), "not a JSON object"),
+        (_raw([1]), "expected `object`, got `array`"),
         (_raw({"t": {"dtype": "F32", "shape": [2]}}), "malformed entry"),
         (_raw({"t": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}), "unknown dtype 'Q4'"),
         (_raw({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4), "needs 8"),

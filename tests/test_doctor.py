@@ -118,3 +118,8 @@ def test_doctor_asks_for_quantprobe_lines_only_when_told_the_switch_was_on():
     told = doctor(LOGS / "redhat-good.log", "--variant", "redhat", "--quantprobe", "--json")
     assert told.returncode == 1
     assert any("printed no [quantprobe] line" in f["detail"] for f in json.loads(told.stdout)["findings"])
+
+
+def test_a_log_that_is_a_directory_exits_2(tmp_path):
+    run = doctor(tmp_path)
+    assert run.returncode == 2 and "is a directory, not a regular file" in run.stderr and "Traceback" not in run.stderr

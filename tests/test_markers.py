@@ -118,3 +118,37 @@ def test_the_real_boots_drafter_is_a_vllm_name_in_each_release(version):
         "vllm", ["model_executor/models/registry.py", "config/speculative.py"]).items()}
     assert f'"{boot.draft_architecture}":' in texts["model_executor/models/registry.py"]
     assert f'"{boot.spec_method}"' in texts["config/speculative.py"]
+
+
+def _real_logs() -> list[Path]:
+    return sorted((REPO / "tests/data/boot-logs").rglob("*.log"))
+
+
+@pytest.mark.parametrize("path", _real_logs(), ids=lambda p: p.name)
+def test_a_log_streamed_from_its_file_reads_as_its_text(path):
+    """`patchkit doctor` streams a file line by line (patchkit.untrusted.lines); the live smoke hands over
+    text. Both routes read the same markers and causes off every real log."""
+    from patchkit.untrusted import lines
+
+    text = path.read_text(encoding="utf-8", errors="replace")
+    with path.open("rb") as f:
+        streamed = parse_boot_log(lines(f, str(path)))
+    with path.open("rb") as f:
+        streamed_causes = find_causes(lines(f, str(path)))
+    assert streamed == parse_boot_log(text)
+    assert streamed_causes == find_causes(text)
+
+
+def test_a_long_serving_log_keeps_bounded_lists_and_exact_totals():
+    """Millions of SpecDecoding lines (a days-long capture, or a hostile one) cost no more memory than a
+    thousand: the kept lists are bounded, the counts and the acceptance over every interval exact."""
+    from patchkit.variants.smoke.markers import KEEP_FIRST, KEEP_LAST
+
+    sample, n = MARKER["spec-metrics"].sample, 3 * KEEP_LAST + 5
+    log = ((line, False) for line in [MARKER["architecture"].sample] * 50 + [sample] * n)
+    m = parse_boot_log(log)
+    assert m.intervals == n and m.serving_lines == n
+    assert len(m.acceptance_lengths) < 2 * KEEP_LAST and m.acceptance_lengths[-1] == 2.33
+    assert (m.accepted_total, m.drafted_total) == (4 * n, 6 * n)
+    assert m.overall_acceptance(2) == 1 + 2 * 4 / 6
+    assert len(m.architectures) == KEEP_FIRST and len(m.spec_evidence) == KEEP_FIRST

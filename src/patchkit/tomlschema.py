@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from patchkit.errors import PatchkitError
+from patchkit.untrusted import read_file
 
 T = TypeVar("T")
 
@@ -74,6 +75,8 @@ def decode(data: bytes, schema: type[T], path: Path | str) -> T:
         raise PatchkitError(f"{path}: malformed TOML: {exc}") from None
     except UnicodeDecodeError as exc:
         raise PatchkitError(f"{path}: not UTF-8: {exc}") from None
+    except RecursionError:  # arrays or inline tables nested past the parser's stack: no definition is
+        raise PatchkitError(f"{path}: malformed TOML: nested too deeply to be a definition file") from None
 
 
 def _name_free_key(data: bytes | str, schema: type, path: str) -> str:
@@ -123,16 +126,9 @@ def _choices(schema: type, path: str) -> tuple | None:
 
 
 def load(path: Path, schema: type[T]) -> T:
-    """Read `path` and decode it into `schema`."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise PatchkitError(f"{path}: not found") from None
-    except IsADirectoryError:
-        raise PatchkitError(f"{path}: is a directory, not a file") from None
-    except OSError as exc:
-        raise PatchkitError(f"{path}: cannot be read: {exc.strerror or exc}") from None
-    return decode(data, schema, path)
+    """Read `path` (a regular file within the definition limit: never a FIFO's wait, never /dev/zero read
+    whole) and decode it into `schema`."""
+    return decode(read_file(path, "definition"), schema, path)
 
 
 def json_schema(schema: type, title: str, description: str) -> dict[str, Any]:

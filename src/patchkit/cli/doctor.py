@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
+from collections.abc import Iterator
 
 import click
 
@@ -39,13 +39,24 @@ def image_carries_quantprobe(image_name: str) -> bool:
     return QUANTPROBE_PATCH in image_series(image_name)
 
 
-def _read(log: str) -> str:
+def _read(log: str) -> Iterator[tuple[str, bool]]:
+    """The log's lines, streamed (never read whole): a regular file within the boot-log limit, or stdin;
+    each line cut at the log-line limit (patchkit.untrusted.lines). Opening fails here, before judging."""
+    from patchkit.untrusted import lines, open_regular
+
     if log == "-":
-        return sys.stdin.read()
-    try:
-        return Path(log).read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise PatchkitError(f"cannot read the log {log}: {exc.strerror or exc}") from None
+        return lines(sys.stdin.buffer, "the log on stdin")
+    what = f"cannot read the log {log}"
+    stream = open_regular(log, "boot-log", what)
+
+    def streamed() -> Iterator[tuple[str, bool]]:
+        with stream:
+            try:
+                yield from lines(stream, f"the log {log}")
+            except OSError as exc:
+                raise PatchkitError(f"{what}: {exc.strerror or exc}") from None
+
+    return streamed()
 
 
 def _render(verdict, variant_name: str | None) -> None:

@@ -17,6 +17,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from patchkit import tomlschema
 from patchkit.errors import PatchkitError
+from patchkit.untrusted import read_file
 from patchkit.patching.schema import (
     EditTable,
     PatchFile,
@@ -186,7 +187,7 @@ def folder_digest(folder: Path) -> str:
     h = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         h.update(path.relative_to(folder).as_posix().encode() + b"\0")
-        h.update(hashlib.sha256(path.read_bytes()).digest())
+        h.update(hashlib.sha256(read_file(path, "definition")).digest())
     return "sha256:" + h.hexdigest()
 
 
@@ -220,14 +221,13 @@ def _edit_text(raw: EditTable, where: str, folder: Path) -> str:
     path = (folder / name).resolve()
     if not path.is_relative_to(folder.resolve()):
         raise PatchkitError(f"{where}: text_file {name!r} leaves the patch folder")
+    if not path.exists():
+        raise PatchkitError(f"{where}: text_file {name!r} not found beside patch.toml")
+    data = read_file(path, "definition", f"{where}: text_file {name!r}")
     try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PatchkitError(f"{where}: text_file {name!r} not found beside patch.toml") from None
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise PatchkitError(f"{where}: text_file {name!r} is not UTF-8: {e}") from None
-    except OSError as e:
-        raise PatchkitError(f"{where}: text_file {name!r} cannot be read: {e.strerror or e}") from None
 
 
 def _candidates(raw: EditTable | UpstreamedProbeTable, where: str) -> tuple[str, ...]:

@@ -17,19 +17,25 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 import struct
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from patchkit.errors import PatchkitError
-from patchkit.jsondata import load_json_object
+from patchkit.jsondata import MalformedJson, decode, load_json_object
+from patchkit.untrusted import InputTooLarge, limit_of, open_regular, read_file
 from patchkit.variants.definitions import Pins
+from patchkit.variants.shapes import TensorEntry, conform
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
-HEADER_LIMIT = 100 * 1024 * 1024  # safetensors' own bound on the header size
+# Where each file's bytes are bounded (patchkit.untrusted.LIMITS).
+KINDS = {CONFIG: "config", INDEX: "checkpoint-index"}
 
 # Bits per element of every dtype safetensors 0.8 writes (F4 is e2m1, stored two to a byte).
 DTYPE_BITS = {
@@ -73,6 +79,14 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_checkpoint_file(root: Path, name: str) -> bytes:
+    """The bytes of config.json or the index: a regular file within its kind's limit, never a FIFO's wait."""
+    path = root / name
+    if not path.exists() and not path.is_symlink():
+        raise PatchkitError(f"checkpoint {root} has no {name}")
+    return read_file(path, KINDS[name])
+
+
 def verify_identity(root: Path, pins: Pins) -> VerifiedCheckpoint:
     """Hash, compare, then parse config.json and the index; PatchkitError on any mismatch."""
     if not pins.complete:
@@ -82,14 +96,10 @@ def verify_identity(root: Path, pins: Pins) -> VerifiedCheckpoint:
     parsed = {}
     digests = {}
     for name, pin in ((CONFIG, pins.config_sha256), (INDEX, pins.index_sha256)):
-        path = root / name
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise PatchkitError(f"checkpoint {root} has no {name}") from None
+        data = read_checkpoint_file(root, name)
         digest = sha256_bytes(data)
         if digest != pin:
-            raise PatchkitError(f"{path}: sha256 {digest} does not match the pin {pin}; refusing to read it")
+            raise PatchkitError(f"{root / name}: sha256 {digest} does not match the pin {pin}; refusing to read it")
         digests[name] = digest
         parsed[name] = data
     config = load_json_object(parsed[CONFIG], str(root / CONFIG))
@@ -97,44 +107,63 @@ def verify_identity(root: Path, pins: Pins) -> VerifiedCheckpoint:
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise PatchkitError(f"{root / INDEX}: no weight_map")
+    conform(weight_map, dict[str, str], str(root / INDEX), "$.weight_map")
     for tensor, shard in weight_map.items():
-        if not isinstance(shard, str) or "/" in shard or not shard.endswith(".safetensors"):
+        if "/" in shard or not shard.endswith(".safetensors"):
             raise PatchkitError(f"{root / INDEX}: tensor {tensor!r} maps to an invalid shard name {shard!r}")
     return VerifiedCheckpoint(root, config, index, digests[CONFIG], digests[INDEX])
 
 
-def read_header(path: Path) -> ShardHeader:
-    """Parse one safetensors header (8 + N bytes read, nothing more) and validate its layout."""
-    try:
-        with path.open("rb") as fh:
+def _header_bytes(path: Path) -> tuple[int, bytes, int]:
+    """(N, the N header bytes, the file's size): the 8-byte prefix is checked against the header limit and
+    the file's own size before a byte of the header is read."""
+    what = f"shard {path}"
+    if not path.exists() and not path.is_symlink():
+        raise PatchkitError(f"shard {path} is missing")
+    with open_regular(path, "safetensors-shard", what) as fh:
+        try:
+            size = os.fstat(fh.fileno()).st_size
             prefix = fh.read(8)
             if len(prefix) != 8:
                 raise PatchkitError(f"{path}: shorter than the 8-byte safetensors length prefix")
             (length,) = struct.unpack("<Q", prefix)
-            if length > HEADER_LIMIT:
-                raise PatchkitError(f"{path}: header length {length} exceeds {HEADER_LIMIT}")
+            limit = limit_of("safetensors-header")
+            if length > limit:
+                raise InputTooLarge(f"{path}: header length prefix", "safetensors-header", limit, length)
+            if 8 + length > size:
+                raise PatchkitError(f"{path}: header truncated: the prefix says {length:,} B, the file holds "
+                                    f"{size - 8:,} after it")
             raw = fh.read(length)
-        size = path.stat().st_size
-    except FileNotFoundError:
-        raise PatchkitError(f"shard {path} is missing") from None
+        except OSError as exc:
+            raise PatchkitError(f"{what}: cannot be read: {exc.strerror or exc}") from None
     if len(raw) != length:
         raise PatchkitError(f"{path}: header truncated ({len(raw)} of {length} bytes)")
-    header = load_json_object(raw, f"{path}: header")
+    return length, raw, size
+
+
+def _entry(raw: msgspec.Raw, path: Path, name: str) -> TensorEntry:
+    try:
+        return decode(raw, TensorEntry, str(path))
+    except MalformedJson as exc:
+        what = "malformed entry" if exc.at == "$" else "invalid shape or offsets"
+        raise MalformedJson(str(path), f"tensor {name!r} has a {what}: {exc.problem}", exc.at) from None
+
+
+def read_header(path: Path) -> ShardHeader:
+    """Parse one safetensors header (8 + N bytes read, nothing more) and validate its layout."""
+    length, raw, size = _header_bytes(path)
+    header = decode(raw, dict[str, msgspec.Raw], f"{path}: header")
     header.pop("__metadata__", None)
     tensors: dict[str, TensorInfo] = {}
     spans = []
-    for name, entry in header.items():
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
-        except (TypeError, KeyError, ValueError):
-            raise PatchkitError(f"{path}: tensor {name!r} has a malformed entry: {entry!r}") from None
+    for name, raw_entry in header.items():
+        entry = _entry(raw_entry, path, name)
+        dtype, shape, (begin, end) = entry.dtype, tuple(entry.shape), entry.data_offsets
         bits = DTYPE_BITS.get(dtype)
         if bits is None:
             raise PatchkitError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
-        if not all(isinstance(d, int) and d >= 0 for d in shape) or not (
-            isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end
-        ):
-            raise PatchkitError(f"{path}: tensor {name!r} has an invalid shape or offsets: {entry!r}")
+        if begin > end:
+            raise PatchkitError(f"{path}: tensor {name!r} has an invalid shape or offsets: {begin} > {end}")
         nbytes = (math.prod(shape) * bits + 7) // 8
         if end - begin != nbytes:
             raise PatchkitError(
@@ -189,7 +218,8 @@ _SUFFIXES = (
     "weight", "weight_scale", "weight_scale_2", "input_scale", "weight_packed", "weight_global_scale",
     "input_global_scale", "weight_scale_inv", "k_scale", "v_scale", "bias",
 )
-_LAYER = re.compile(r"^(?:model\.language_model\.|language_model\.model\.|model\.)?layers\.(\d+)\.(.+)$")
+# At most 9 digits: no model has 10^9 layers, and int() of a hostile 5,000-digit index is a ValueError.
+_LAYER = re.compile(r"^(?:model\.language_model\.|language_model\.model\.|model\.)?layers\.(\d{1,9})\.(.+)$")
 # NVFP4 carries an input_scale (static A4 activations); NVFP4A16 is the weight-only form without one.
 FORMATS = ("NVFP4", "NVFP4A16", "NVFP4-CT", "MXFP8", "FP8", "FP8-BLOCK", "BF16", "F16", "F32", "other")
 

@@ -32,6 +32,7 @@ from fnmatch import fnmatchcase
 
 from patchkit.errors import PatchkitError
 
+MAX_PREDICTOR_LAYERS = 64
 SPELLINGS = (
     "model.layers.{i}.*",
     "model.language_model.layers.{i}.*",
@@ -62,6 +63,9 @@ def predictor_layers(config: dict) -> range:
         raise PatchkitError("config.json: no num_hidden_layers; cannot place the MTP predictor")
     if not nextn:
         raise PatchkitError("config.json: num_nextn_predict_layers is absent or 0: no MTP predictor layers to exclude")
+    if nextn > MAX_PREDICTOR_LAYERS:  # four patterns a layer: a hostile 10^9 would never finish
+        raise PatchkitError(f"config.json: num_nextn_predict_layers is {nextn}; no checkpoint has more than "
+                            f"{MAX_PREDICTOR_LAYERS} MTP predictor layers (GLM-5.3-Flash and DeepSeek-V3 have 1)")
     return range(hidden, hidden + nextn)
 
 

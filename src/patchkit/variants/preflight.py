@@ -25,6 +25,7 @@ from patchkit.variants.checkpoint import (
     Module,
     inventory,
     per_rank_bytes,
+    read_checkpoint_file,
     read_headers,
     sha256_bytes,
     verify_identity,
@@ -247,12 +248,7 @@ def _platform_patches(text: dict, variant: Variant) -> list[str]:
 
 def _detect(root: Path, images_dir: Path | None) -> Variant:
     """The pinned variant whose pins these files match (hashing only, nothing parsed)."""
-    digests = []
-    for name in (CONFIG, INDEX):
-        try:
-            digests.append(sha256_bytes((root / name).read_bytes()))
-        except FileNotFoundError:
-            raise PatchkitError(f"checkpoint {root} has no {name}") from None
+    digests = [sha256_bytes(read_checkpoint_file(root, name)) for name in (CONFIG, INDEX)]
     variants = load_variants(images_dir).values()
     for variant in variants:
         pins = variant.checkpoint.pins

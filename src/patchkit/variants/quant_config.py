@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING
 
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import load_json_object
+from patchkit.untrusted import read_file
 from patchkit.variants.checkpoint import sha256_bytes
+from patchkit.variants.shapes import HfQuantConfig, QuantTable, conform
 
 if TYPE_CHECKING:
     from patchkit.variants.definitions import Variant
@@ -84,21 +86,27 @@ def read_declared(root: Path, config: dict, variant: Variant) -> QuantSource:
     return source
 
 
+def _table(table: dict, where: str, at: str) -> dict:
+    """The table as it is, once the keys patchkit resolves layers with have the shapes vLLM reads."""
+    conform(table, QuantTable, where, at)
+    return dict(table)
+
+
 def read_quant_config(root: Path, config: dict, vllm_method: str) -> QuantSource:
     """The quantization table vLLM uses for this checkpoint under `vllm_method` (PatchkitError if none)."""
-    table, source = config.get("quantization_config"), "config.json"
+    table, source, at = config.get("quantization_config"), "config.json", "$.quantization_config"
     text = config.get("text_config")
     if table is None and isinstance(text, dict) and text.get("quantization_config") is not None:
-        table, source = text["quantization_config"], "config.json text_config"
+        table, source, at = text["quantization_config"], "config.json text_config", "$.text_config.quantization_config"
     if table is None and config.get("compression_config") is not None:
-        table, source = config["compression_config"], "config.json compression_config"
+        table, source, at = config["compression_config"], "config.json compression_config", "$.compression_config"
     if table is not None and not isinstance(table, dict):
         raise PatchkitError(f"{root / 'config.json'}: {source} quantization table is not an object")
     # A table declaring another algorithm is returned as it is: the caller names the contradiction.
     mixed_without_layers = (vllm_method == "modelopt_mixed" and "quantized_layers" not in (table or {})
                             and str((table or {}).get("quant_algo", "MIXED_PRECISION")).upper() == "MIXED_PRECISION")
     if table is not None and not mixed_without_layers:
-        return QuantSource(dict(table), source)
+        return QuantSource(_table(table, str(root / "config.json"), at), source)
     if vllm_method not in MODELOPT_METHODS:
         raise PatchkitError(f"{root / 'config.json'}: no quantization_config for {vllm_method}")
     files = sorted(p for p in root.glob("*.json") if p.name.endswith(HF_QUANT_CONFIG))
@@ -108,11 +116,14 @@ def read_quant_config(root: Path, config: dict, vllm_method: str) -> QuantSource
             f"{root}: config.json has no quantization_config{' with quantized_layers' if table else ''}, and vLLM "
             f"then reads {vllm_method}'s from exactly one *{HF_QUANT_CONFIG} ({found})"
         )
-    raw = files[0].read_bytes()
+    raw = read_file(files[0], "config")
     data = load_json_object(raw, str(files[0]))
-    if vllm_method in ("modelopt", "modelopt_mixed") and (data.get("producer") or {}).get("name") != "modelopt":
+    shape = conform(data, HfQuantConfig, str(files[0]), "$")
+    if vllm_method in ("modelopt", "modelopt_mixed") and (shape.producer is None or shape.producer.name != "modelopt"):
         raise PatchkitError(f"{files[0]}: vLLM refuses it for {vllm_method}: producer.name is not 'modelopt'")
-    return QuantSource(_flatten_modelopt(data, str(files[0])), files[0].name, sha256_bytes(raw))
+    flat = _flatten_modelopt(data, str(files[0]))
+    return QuantSource(_table(flat, str(files[0]), "$.quantization" if "quantization" in data else "$"),
+                       files[0].name, sha256_bytes(raw))
 
 
 # ---------------------------------------------------------------- compressed-tensors
@@ -121,7 +132,7 @@ def read_quant_config(root: Path, config: dict, vllm_method: str) -> QuantSource
 def _match(value: str, target: str, contains: bool = False) -> bool:
     """is_equal_or_regex_match: `re:` regex from the start, else equality (or substring, ignoring case)."""
     if target.startswith("re:"):
-        return re.match(target[3:], value) is not None
+        return re.match(target[3:], value) is not None  # compiled (and checked) once in CompressedTensors
     if contains:
         return target.lower() in value.lower()
     return target == value
@@ -151,6 +162,12 @@ class CompressedTensors:
         if "Linear" in self.targets and "RoutedExperts" not in self.targets:
             self.targets["RoutedExperts"] = self.targets["Linear"]  # _add_fused_moe_to_target_scheme_map
         self.ignore = [_map_target(e) for e in quant.get("ignore") or []]
+        for pattern in (*self.targets, *self.ignore):
+            if pattern.startswith("re:"):
+                try:
+                    re.compile(pattern[3:])
+                except (re.error, RecursionError, OverflowError) as exc:
+                    raise PatchkitError(f"{where}: {pattern!r} is not a regular expression vLLM can compile: {exc}") from None
 
     def _ignored(self, layer: str) -> bool:
         if any(_match(layer, e) for e in self.ignore):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import load_json_object
+from patchkit.untrusted import read_file
 
 INDEX = "model.safetensors.index.json"
 SHIM = "naming-shim"  # the patch that loads the nested spelling
@@ -108,10 +109,7 @@ def weight_map_names(index: Mapping, where: str) -> list[str]:
 def read_spelling(checkpoint: Path) -> Spelling:
     """The spelling of the checkpoint directory `checkpoint`, from its index alone."""
     path = Path(checkpoint) / INDEX
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise PatchkitError(f"{checkpoint}: no {INDEX} (the spelling is read from its weight_map)") from None
-    except OSError as exc:
-        raise PatchkitError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return spelling_of(weight_map_names(load_json_object(data, str(path)), str(path)))
+    if not path.exists() and not path.is_symlink():
+        raise PatchkitError(f"{checkpoint}: no {INDEX} (the spelling is read from its weight_map)")
+    index = load_json_object(read_file(path, "checkpoint-index"), str(path))
+    return spelling_of(weight_map_names(index, str(path)))

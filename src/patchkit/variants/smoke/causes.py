@@ -9,14 +9,18 @@ carries it with the line that showed it.
 A boot that never came up and printed no line of the table still gets a cause (`unexplained_end`): an
 error line nothing here names, a log that just stops (killed from outside: an engine failing inside
 vLLM logs a traceback or one of these lines), or, live, an engine still running when it was judged.
+
+A log is read once, line by line (`CauseReader`), in memory bounded whatever its length; every pattern is
+linear in a line's length (markers.py says how).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from patchkit.variants.smoke.markers import ANSI, PHASES
+from patchkit.variants.smoke.markers import ANSI, PHASES, log_lines, shown
 
 
 # What gives a phase that ran out of unified memory its headroom (one wording for every memory kill).
@@ -53,14 +57,14 @@ CAUSES: tuple[Cause, ...] = (
        "the launcher found only one free node: the previous serve's nodes were not released yet (occupancy race)",
        "wait ~10 s and start again (the smoke retries once)",
        record="launcher occupancy race after a stop (docs/field-records.md)", retry_after_s=10.0),
-    _c("watcher-kill", r"\bKILL reason=\S+ MemAvailable [\d.]+ GiB < \w+ floor",
+    _c("watcher-kill", r"^(?>.*?\bKILL reason=)\S++ MemAvailable [\d.]++ GiB < \w++ floor",
        "2026-09-27T13:39:10.144Z KILL reason=spark1 MemAvailable 7.75 GiB < PROFILE floor 8 GiB",
        "a memory watcher beside the boot killed the containers: a node's MemAvailable fell below the "
        "watcher's floor for that boot phase (the vLLM log itself just stops)",
        _HEADROOM,
        record="the sfxnz GLM-5.3-Flash recipe's watcher kit/uma_watch.py (tests/data/boot-logs/public/"
        "sfxnz-nvidia-killed-boot.watch.log)"),
-    _c("startup-free-memory", r"Free memory on device .* on startup is less than desired GPU memory utilization",
+    _c("startup-free-memory", r"^(?>.*?Free memory on device ).* on startup is less than desired GPU memory utilization",
        "ValueError: Free memory on device cuda:0 (1.54/22.05 GiB) on startup is less than desired GPU memory utilization (0.9, 19.84 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
        "free unified memory at startup was below --gpu-memory-utilization x total (page cache, a previous "
        "engine, the driver reserve): the ~54-second boot death",
@@ -85,7 +89,7 @@ CAUSES: tuple[Cause, ...] = (
        "PyTorch ran out of device memory",
        "lower --max-num-batched-tokens (1024 on the lab quant) or the pinned KV pool; keep --language-model-only",
        record="PyTorch's allocator message", definitive=False),  # the allocator retries after logging it
-    _c("missing-weight-scale", r"KeyError: .*weight_scale",
+    _c("missing-weight-scale", r"^(?>.*?KeyError: ).*weight_scale",
        "KeyError: model.layers.45.mtp_block.mlp.experts.routed_experts.w2_weight_scale",
        "a quantized tensor's scale has no parameter to load into: a fused module without its packed-modules "
        "mapping, or a draft (MTP) layer resolved to no quantized method",
@@ -93,7 +97,7 @@ CAUSES: tuple[Cause, ...] = (
        "check `patchkit preflight` on the checkpoint",
        record="Python KeyError from the weight loader (docs/field-records.md)"),
     # The same family seen from the other side: the parameter exists, no checkpoint tensor ever reached it.
-    _c("weight-scale-never-loaded", r"weight_scale for layer '[^']*' was never loaded",
+    _c("weight-scale-never-loaded", r"^(?>.*?weight_scale for layer ')[^']*+' was never loaded",
        "RuntimeError: NVFP4 weight_scale for layer 'parallel_lm_head' was never loaded (still NaN)",
        "a layer was built NVFP4 but no checkpoint scale was loaded into it (vLLM's NaN sentinel, PR #52501): "
        "the quant config quantizes a layer the checkpoint stores unquantized or names differently. "
@@ -105,7 +109,7 @@ CAUSES: tuple[Cause, ...] = (
        "layer: add it to the quant config's ignore list, or give it its packed mapping (packed-modules-4p67) "
        "or its quant-config key, and check `patchkit preflight` on the checkpoint",
        literal=" was never loaded ", files=["vllm/model_executor/layers/quantization/modelopt.py"]),
-    _c("worker-died", r"Worker proc \S+ died unexpectedly",
+    _c("worker-died", r"Worker proc \S++ died unexpectedly",
        "Worker proc VllmWorker-0 died unexpectedly (exit code: None)",
        "a worker process died without a Python traceback (on GB10 usually the CUDA context killed by an "
        "unified-memory allocation failure during warmup)",
@@ -138,16 +142,9 @@ class Found:
         return asdict(self)
 
 
-def find_causes(text: str) -> list[Found]:
+def find_causes(log: str | Iterable[tuple[str, bool]]) -> list[Found]:
     """Every cause the log shows, first occurrence of each, ordered by the table (specific first)."""
-    first: dict[str, tuple[int, str]] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = ANSI.sub("", raw).strip()
-        for cause in CAUSES:
-            if cause.name not in first and cause.pattern.search(line):
-                first[cause.name] = (n, line)
-    return [Found(c.name, first[c.name][1], first[c.name][0], c.definitive, c.what, c.fix, c.retry_after_s)
-            for c in CAUSES if c.name in first]
+    return CauseReader().read(log).causes()
 
 
 # An error line no cause names: a traceback, or a record logged at ERROR level (vLLM's and uvicorn's).
@@ -155,44 +152,86 @@ _ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|(?:^|[\s)\]])ERRO
 PROCESS_STATES = ("recorded", "exited", "running")
 
 
-def unexplained_end(text: str, phase: str, process: str = "recorded") -> Found:
-    """The cause of a boot that never came up although no line of the table shows why.
+class CauseReader:
+    """What the causes need from a log, taken one line at a time: the first line of each cause, the first
+    error line, the last non-empty line and the distinct exception lines (the first KEEP_EXCEPTIONS)."""
 
-    `phase`: how far the boot got (a key of markers.PHASES). `process`: what is known besides the log:
-    "recorded" (a log on its own, `patchkit doctor`), "exited" or "running" (the live smoke sees the
-    containers). An error line nothing here names is the cause; otherwise the log just stops, with the
-    engine still running (not finished when judged) or gone without a word (killed from outside)."""
-    if process not in PROCESS_STATES:
-        raise ValueError(f"process must be one of {PROCESS_STATES}, got {process!r}")
-    lines = [(n, line) for n, raw in enumerate(text.splitlines(), 1) if (line := ANSI.sub("", raw).strip())]
-    where = f"the log stops in the {phase} phase ({PHASES[phase]})"
-    for n, line in lines:
-        if _EXCEPTION.search(line) or _ERROR_LINE.search(line):
-            return Found("unrecognised-error", line, n, True,
+    KEEP_EXCEPTIONS = 100
+
+    def __init__(self) -> None:
+        self.first: dict[str, tuple[int, str]] = {}
+        self.first_error: tuple[int, str] | None = None
+        self.last: tuple[int, str] = (0, "")
+        self.exceptions: dict[str, None] = {}
+        self.more_exceptions = 0  # distinct exception lines past the kept ones (not deduplicated)
+
+    def feed(self, n: int, line: str) -> None:
+        """Line `n` (1-based), ANSI colours stripped."""
+        hit = _EXCEPTION.search(line)
+        if hit:
+            text = f"{hit.group(1)}: {hit.group(2)}".strip()
+            if text in self.exceptions:
+                pass
+            elif len(self.exceptions) < self.KEEP_EXCEPTIONS:
+                self.exceptions[text] = None
+            else:
+                self.more_exceptions += 1
+        line = line.strip()
+        if not line:
+            return
+        self.last = (n, line)
+        for cause in CAUSES:
+            if cause.name not in self.first and cause.pattern.search(line):
+                self.first[cause.name] = (n, line)
+        if self.first_error is None and (hit or _ERROR_LINE.search(line)):
+            self.first_error = (n, line)
+
+    def read(self, log: str | Iterable[tuple[str, bool]]) -> CauseReader:
+        for n, (raw, _cut) in enumerate(log_lines(log), 1):
+            self.feed(n, ANSI.sub("", raw))
+        return self
+
+    def causes(self) -> list[Found]:
+        return [Found(c.name, shown(self.first[c.name][1]), self.first[c.name][0], c.definitive, c.what, c.fix,
+                      c.retry_after_s) for c in CAUSES if c.name in self.first]
+
+    def unexplained_end(self, phase: str, process: str = "recorded") -> Found:
+        """The cause of a boot that never came up although no line of the table shows why.
+
+        `phase`: how far the boot got (a key of markers.PHASES). `process`: what is known besides the log:
+        "recorded" (a log on its own, `patchkit doctor`), "exited" or "running" (the live smoke sees the
+        containers). An error line nothing here names is the cause; otherwise the log just stops, with the
+        engine still running (not finished when judged) or gone without a word (killed from outside)."""
+        if process not in PROCESS_STATES:
+            raise ValueError(f"process must be one of {PROCESS_STATES}, got {process!r}")
+        where = f"the log stops in the {phase} phase ({PHASES[phase]})"
+        if self.first_error is not None:
+            n, line = self.first_error
+            return Found("unrecognised-error", shown(line), n, True,
                          f"the boot logged an error in the {phase} phase that no cause in the table names",
                          "read the traceback around this line (the first error is usually the root cause); once "
                          "understood, add it to the cause table (variants/smoke/causes.py) with its fix", None)
-    n, last = lines[-1] if lines else (0, "")
-    if process == "running":
-        return Found("still-booting", last, n, True,
-                     f"{where} while the engine process still runs: the boot had not finished when it was judged "
-                     "(a slow phase, or a hang at this last line)",
-                     "wait, or raise [expect] boot_timeout_s if the phase is only slow (a ~700-800 s weight load, "
-                     "FlashInfer autotune up to an hour: docs/field-records.md); a hang keeps this last line", None)
-    how = ("the container exited" if process == "exited"
-           else "a log captured while the boot still ran is judged with --cut-short")
-    return Found("ended-without-error", last, n, True,
-                 f"killed from outside during {phase}: {where} with no error line (a memory watcher, the kernel "
-                 f"OOM killer, a docker kill or stop: an engine failing inside vLLM logs why); {how}",
-                 f"find what stopped it (the watcher's own log, journalctl -k for the OOM killer); if memory: {_HEADROOM}",
-                 None)
+        n, last = self.last[0], shown(self.last[1])
+        if process == "running":
+            return Found("still-booting", last, n, True,
+                         f"{where} while the engine process still runs: the boot had not finished when it was judged "
+                         "(a slow phase, or a hang at this last line)",
+                         "wait, or raise [expect] boot_timeout_s if the phase is only slow (a ~700-800 s weight load, "
+                         "FlashInfer autotune up to an hour: docs/field-records.md); a hang keeps this last line", None)
+        how = ("the container exited" if process == "exited"
+               else "a log captured while the boot still ran is judged with --cut-short")
+        return Found("ended-without-error", last, n, True,
+                     f"killed from outside during {phase}: {where} with no error line (a memory watcher, the kernel "
+                     f"OOM killer, a docker kill or stop: an engine failing inside vLLM logs why); {how}",
+                     f"find what stopped it (the watcher's own log, journalctl -k for the OOM killer); if memory: {_HEADROOM}",
+                     None)
 
 
-def exceptions(text: str) -> list[str]:
+def unexplained_end(log: str | Iterable[tuple[str, bool]], phase: str, process: str = "recorded") -> Found:
+    """CauseReader.unexplained_end of a whole log."""
+    return CauseReader().read(log).unexplained_end(phase, process)
+
+
+def exceptions(log: str | Iterable[tuple[str, bool]]) -> list[str]:
     """The `SomeError: message` lines, deduplicated in order (the first is usually the root cause)."""
-    seen: dict[str, None] = {}
-    for raw in text.splitlines():
-        if hit := _EXCEPTION.search(ANSI.sub("", raw)):
-            seen.setdefault(f"{hit.group(1)}: {hit.group(2)}".strip())
-    return list(seen)
-
+    return list(CauseReader().read(log).exceptions)

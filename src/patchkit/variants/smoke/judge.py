@@ -4,15 +4,22 @@ Findings are `fail` (the boot is not good), `warn` (unconfirmed or off the refer
 engine's finding names its cause from the fatal-cause table with the line that showed it; a boot that
 never came up without such a line gets the cause `unexplained_end` gives it (killed from outside, an
 unknown error, or still running), with the phase it reached.
+
+A log is judged in one pass over its lines (`judge_log` takes its text or the (line, cut) pairs
+patchkit.untrusted.lines streams from a file or stdin), in memory bounded whatever its length. A line
+longer than the log-line limit is judged on its first limit's worth of bytes, and the verdict says which
+lines were cut.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 
+from patchkit.untrusted import limit_of
 from patchkit.variants.definitions import Variant
-from patchkit.variants.smoke.causes import Found, exceptions, find_causes, unexplained_end
-from patchkit.variants.smoke.markers import BootMarkers, parse_boot_log
+from patchkit.variants.smoke.causes import CauseReader, Found
+from patchkit.variants.smoke.markers import ANSI, KEEP_FIRST, BootMarkers, log_lines, read_line
 
 # A mean acceptance length this close to 1 means the target rejects (almost) every drafted token.
 _REJECTS_ALL = 1.05
@@ -31,6 +38,8 @@ class Verdict:
     causes: list[Found]
     exceptions: list[str]
     findings: list[Finding]
+    cut_lines: list[int] = field(default_factory=list)  # 1-based numbers of the lines cut (the first KEEP_FIRST)
+    cut_count: int = 0  # every line cut at the log-line limit
 
     @property
     def ok(self) -> bool:
@@ -53,11 +62,12 @@ class Verdict:
                             "acceptance": m.overall_acceptance(m.spec_tokens)},
             "markers": asdict(m),
             "findings": [asdict(f) for f in self.findings],
+            "cut_lines": {"count": self.cut_count, "first": self.cut_lines, "limit_bytes": limit_of("log-line")},
         }
 
 
-def judge_log(text: str, variant: Variant | None, quantprobe: bool | None = None, *, booted: bool = True,
-              process: str = "recorded") -> Verdict:
+def judge_log(log: str | Iterable[tuple[str, bool]], variant: Variant | None, quantprobe: bool | None = None, *,
+              booted: bool = True, process: str = "recorded") -> Verdict:
     """Parse and judge a boot log. `quantprobe`: does the image carry the quantprobe patch (None = unknown).
 
     `booted=False` judges a log cut short on purpose (a live smoke stopped before startup): no startup,
@@ -65,17 +75,30 @@ def judge_log(text: str, variant: Variant | None, quantprobe: bool | None = None
     not come up. `process` is what is known of the engine besides its log: "recorded" (`patchkit doctor`:
     the log alone, so a log that just stops is taken as ended), "exited" or "running" (the live smoke
     asks the containers), which tells a killed boot from one still in progress."""
-    markers = parse_boot_log(text)
-    seen = find_causes(text)
+    markers, reader, cut, cut_count = BootMarkers(), CauseReader(), [], 0
+    for n, (raw, was_cut) in enumerate(log_lines(log), 1):
+        line = ANSI.sub("", raw)
+        read_line(markers, line)
+        reader.feed(n, line)
+        if was_cut:
+            cut_count += 1
+            if len(cut) < KEEP_FIRST:
+                cut.append(n)
+    seen = reader.causes()
     # A boot that came up survived the lines that are fatal only to a boot that never did.
     causes = [c for c in seen if c.definitive] if markers.startup_complete else seen
-    excs = exceptions(text)
+    excs = list(reader.exceptions)
     if booted and markers.phase != "serving" and not causes:
-        causes = [unexplained_end(text, markers.phase, process)]
+        causes = [reader.unexplained_end(markers.phase, process)]
     findings = judge_boot(markers, causes, excs, variant, quantprobe, booted=booted)
     findings += [Finding("warn", "memory", f"{c.cause} seen (line {c.line_no}: {c.line}) but the boot survived it")
                  for c in seen if c not in causes]
-    return Verdict(markers, causes, excs, findings)
+    if cut_count:
+        limit = limit_of("log-line")
+        findings.append(Finding("warn", "log lines", f"{cut_count} line(s) longer than the {limit:,} B log-line limit "
+                                f"were judged on their first {limit:,} B (lines {', '.join(map(str, cut))}"
+                                f"{', ...' if cut_count > len(cut) else ''}); PATCHKIT_LIMIT_LOG_LINE raises it"))
+    return Verdict(markers, causes, excs, findings, cut, cut_count)
 
 
 def _engine(causes: list[Found], excs: list[str]) -> list[Finding]:
@@ -141,15 +164,14 @@ def _speculative(markers: BootMarkers, variant: Variant | None) -> list[Finding]
 
 def _acceptance(markers: BootMarkers, k: int | None, band: tuple[float, float] | None) -> list[Finding]:
     """The mean acceptance length over every SpecDecoding interval (k: tokens per draft), against `band`."""
-    acc = markers.acceptance_lengths
-    if not acc:
+    if not markers.intervals:
         return [Finding("warn", "acceptance", "no SpecDecoding metrics line yet (vLLM logs one per interval under traffic)")]
     mean = markers.overall_acceptance(k)
     if mean <= _REJECTS_ALL:
         return [Finding("fail", "acceptance", f"mean acceptance length {mean:.2f}: the target rejects the drafts (a broken drafter)")]
     if band and not band[0] <= mean <= band[1]:
-        return [Finding("warn", "acceptance", f"mean acceptance length {mean:.2f} over {len(acc)} intervals; the reference boot gave {band[0]}-{band[1]}")]
-    return [Finding("ok", "acceptance", f"mean acceptance length {mean:.2f} over {len(acc)} intervals")]
+        return [Finding("warn", "acceptance", f"mean acceptance length {mean:.2f} over {markers.intervals} intervals; the reference boot gave {band[0]}-{band[1]}")]
+    return [Finding("ok", "acceptance", f"mean acceptance length {mean:.2f} over {markers.intervals} intervals")]
 
 
 def judge_boot(markers: BootMarkers, causes: list[Found], excs: list[str], variant: Variant | None,

@@ -36,7 +36,25 @@ def stop(proc: subprocess.Popen | None, grace: float = 30) -> None:
             proc.wait()
 
 
-class PodmanService:
+class Engine:
+    """What the fault tests do to either engine: SIGKILL it (a crash: podman's in-process build dies with
+    it; dockerd's containerd and what it made stay) and start it again on the same storage."""
+
+    proc: subprocess.Popen | None
+    sock: Path
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> str:
+        self.__exit__()
+        self.sock.unlink(missing_ok=True)
+        return self.__enter__()
+
+
+class PodmanService(Engine):
     kind = "podman"
 
     def __init__(self, workdir: Path, driver: str = "overlay"):
@@ -85,7 +103,7 @@ class PodmanService:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-class DockerdService:
+class DockerdService(Engine):
     """dockerd with its own data root, exec root (where it starts its own containerd), pid file and socket:
     several run side by side and none touches /var/lib/docker. No bridge, no iptables (nothing here runs a
     container; it only creates them). The storage driver is overlay2 (the default; it works in this
@@ -144,17 +162,6 @@ class DockerdService:
         except OSError:
             return False
 
-    def kill(self) -> None:
-        """SIGKILL the engine (a crash: its containerd and the containers it made stay as they are)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def restart(self) -> str:
-        """Start it again on the same storage (after a kill): what it held is there again."""
-        self.__exit__()
-        return self.__enter__()
-
     def __exit__(self, *exc) -> None:
         stop(self.proc)
         self._stop_containerd()
@@ -162,24 +169,24 @@ class DockerdService:
             self.log.close()
 
     def _stop_containerd(self) -> None:
-        """The containerd dockerd started under its exec root outlives a killed dockerd: stop it by its pid."""
-        pidfile = self.root / "exec" / "containerd" / "containerd.pid"
+        """Stop the containerd dockerd started under its exec root, by its pid, should it outlive dockerd;
+        then remove the sockets it leaves (a stale `containerd.sock.ttrpc` keeps the next one from starting)."""
+        state = self.root / "exec" / "containerd"
         try:
-            pid = int(pidfile.read_text().strip())
-        except (OSError, ValueError):
-            return
-        try:
+            pid = int((state / "containerd.pid").read_text().strip())
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            return
-        if str(self.root).encode() not in cmdline:
-            return  # not ours (a pid reused): leave it alone
-        os.kill(pid, 15)
-        deadline = time.monotonic() + 15
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if Path(f"/proc/{pid}").exists():
-            os.kill(pid, 9)
+        except (OSError, ValueError):
+            pid, cmdline = None, b""
+        if pid is not None and str(self.root).encode() in cmdline:   # else not ours (a pid reused)
+            os.kill(pid, 15)
+            deadline = time.monotonic() + 15
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if Path(f"/proc/{pid}").exists():
+                os.kill(pid, 9)
+        # dockerd takes a live pid in containerd.pid for a running containerd and waits on its socket
+        for stale in [*state.glob("*.sock*"), state / "containerd.pid"]:
+            stale.unlink(missing_ok=True)
 
     def remove_storage(self) -> None:
         """Delete the data root (unmounting what overlay2 left mounted under it first)."""

@@ -110,7 +110,7 @@ def build(image_name: str, *, base: str | None = None, output: Path | str | None
                                  source_url=source_url, progress=progress)
             progress.note(f"loaded {loaded.local_tag} ({loaded.image_id[:19]}; {loaded.transferred} bytes "
                           "moved to and from the engine)")
-            return BuildResult(loaded, engine_image=loaded.image_id, route="local-engine")
+            return BuildResult(loaded, pushed=loaded.pushed, engine_image=loaded.image_id, route="local-engine")
         progress.note(f"route: engine (base {base or image.base} is not in the engine: its layers are read "
                       "from the registry and the engine pulls it)")
         engine = True
@@ -124,7 +124,8 @@ def build(image_name: str, *, base: str | None = None, output: Path | str | None
         return result
     if engine:
         result.route = "engine"
-        result.engine_image = build_with_engine(built, engine_url=engine_url, push=push, progress=progress)
+        result.engine_image = build_with_engine(built, engine_url=engine_url, push=push, progress=progress,
+                                                pushed=result.pushed)
         return result
     if output is not None or not push:
         result.output = write_output(built, Path(output) if output else Path("build/oci") / image.name)

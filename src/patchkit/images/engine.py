@@ -9,11 +9,16 @@ registry first (images.prepare); for a base already in the engine, images.local 
 
 from __future__ import annotations
 
+import errno
+import http.client
 import io
 import json
 import os
+import socket
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import __version__
@@ -32,6 +37,65 @@ BYTECODE_STUB = bytes(16)
 API_VERSION = "1.41"
 
 
+DEFAULT_SOCKET = "/var/run/docker.sock"
+
+
+class EngineError(PatchkitError):
+    """The engine failed or stopped answering during `step` (exit 2): `cause` is what the transport or the
+    SDK raised, `clean` the commands that remove what the engine may keep from this build."""
+
+    def __init__(self, step: str, cause: str, detail: str = "", clean: Sequence[str] = ()):
+        self.step, self.cause, self.clean = step, cause, list(clean)
+        text = f"the engine failed while {step} ({cause}{': ' + detail if detail else ''})"
+        super().__init__(text + (f"; what it may keep: {'; '.join(self.clean)}" if self.clean else ""))
+
+
+def engine_faults() -> tuple[type[BaseException], ...]:
+    """What a Docker-API call raises when the engine errs or goes away: the SDK's errors (its APIError is
+    requests' HTTPError), requests' (ConnectionError, ChunkedEncodingError, ReadTimeout), urllib3's that
+    leak through a streamed body (ProtocolError), http.client's, the socket's (OSError), and the SDK's
+    StreamParseError (a RuntimeError) for a JSON stream cut inside an object."""
+    import docker
+    import requests
+    import urllib3
+
+    return (docker.errors.DockerException, docker.errors.StreamParseError, requests.exceptions.RequestException,
+            urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
+
+
+def explain(exc: BaseException) -> str:
+    """The engine's own words for an API error, else the exception's."""
+    return str(getattr(exc, "explanation", None) or exc).strip()[:500]
+
+
+@contextmanager
+def engine_step(step: str, clean=lambda: ()) -> Iterator[None]:
+    """Run one step against the engine: any engine fault becomes an EngineError naming the step and what
+    to clean (`clean()`, evaluated at the failure)."""
+    try:
+        yield
+    except PatchkitError:
+        raise
+    except engine_faults() as exc:
+        raise EngineError(step, exc.__class__.__name__, explain(exc), clean()) from None
+
+
+def _socket_path(engine_url: str | None) -> str | None:
+    url = engine_url or os.environ.get("DOCKER_HOST") or f"unix://{DEFAULT_SOCKET}"
+    return url.removeprefix("unix://") if url.startswith(("unix://", "/")) else None
+
+
+def _refused_by_permission(path: str) -> bool:
+    """Whether connecting to the unix socket `path` fails with EACCES (a user outside the docker group)."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(path)
+    except OSError as exc:
+        return exc.errno in (errno.EACCES, errno.EPERM)
+    return False
+
+
 def connect(engine_url: str | None = None):
     """A docker SDK client for `engine_url` (else DOCKER_HOST, else the default socket), pinged."""
     import docker
@@ -42,6 +106,12 @@ def connect(engine_url: str | None = None):
         client.ping()
     except Exception as exc:  # the SDK raises DockerException, requests' or OSError's by transport
         where = engine_url or os.environ.get("DOCKER_HOST", "the default Docker socket")
+        path = _socket_path(engine_url)
+        if path is not None and _refused_by_permission(path):
+            raise EngineError("connecting", "EACCES", f"permission denied on the engine's socket {path}: this user "
+                              "may not use it; join the docker group with `sudo usermod -aG docker $USER`, then "
+                              "log out and in again (or run the daemonless build: `patchkit build` without "
+                              "--engine/--load)") from None
         raise PatchkitError(f"no Docker-API engine at {where} ({exc.__class__.__name__}): the default "
                             "daemonless build needs none, run `patchkit build` without --engine/--load") from None
     return client
@@ -99,52 +169,195 @@ def _instruction(keyword: str, values: dict[str, str]) -> str:
     return f"{keyword} " + " \\\n    ".join(parts)
 
 
-def engine_build(client, context: Path | bytes, tag: str, platform: str, progress: Progress) -> str:
-    """Build `context` (a directory, or a gzip-compressed tar of one) in the engine under `tag`; the new
-    image's id."""
+@dataclass
+class Tags:
+    """The names one build gives its image: `versioned` (`patchkit/IMAGE:<vllm>-<series>`), `latest`
+    (`patchkit/IMAGE:latest`, the moving name `patchkit smoke --image` takes) and the `--push` refs."""
+
+    versioned: str
+    latest: str
+    push: list[str] = field(default_factory=list)
+
+    @property
+    def all(self) -> list[str]:
+        return [self.versioned, self.latest, *self.push]
+
+
+def tags_for(image_name: str, tag: str, push: Sequence[str]) -> Tags:
+    """Every route's names: push refs without a tag get the computed one."""
+    refs = [str(Reference.parse(r).with_tag(Reference.parse(r).tag or tag)) for r in push]
+    return Tags(f"patchkit/{image_name}:{tag}", f"patchkit/{image_name}:latest", refs)
+
+
+def engine_build(client, context: Path | bytes, tags: Tags, platform: str, progress: Progress) -> str:
+    """Build `context` (a directory, or a gzip-compressed tar of one) in the engine, moving `tags` onto the
+    new image; its id.
+
+    The invariant, whatever fails or is killed (the engine, the connection, patchkit): no image carries
+    `:latest` unless the versioned tag names it too. The two are one name's old and new place, and an
+    engine moves tags one at a time, so they never move in two steps that could be split:
+    1. `:latest` is taken off the image it names (where it names one): from here until step 2 ends, no
+       image is `:latest`; an absent name fails closed where a stale one would run;
+    2. the build request itself carries every tag (`t=versioned&t=latest&t=push...`), so the engine sets
+       them when it commits the image, versioned first, `:latest` after it, with no request between them;
+       an engine that finishes a build after the connection was dropped tags it the same way;
+    3. the tags are read back: both name the new image, or the build is refused naming what they name.
+    A build the engine refused (an error in its stream: nothing was committed, nothing tagged) puts
+    `:latest` back where it was. A build cut off (connection, kill) leaves `:latest` unset, said in the
+    error: the next build sets it.
+    """
+    previous = _untag_latest(client, tags.latest)
+    image_id = None
+    with engine_step("building the image", lambda: _build_leftovers(tags, previous)):
+        try:
+            chunks = _build_stream(client, context, tags.all, platform)
+            for chunk in chunks:
+                if not isinstance(chunk, dict):
+                    continue
+                if chunk.get("stream", "").strip():
+                    progress.note(chunk["stream"].rstrip())
+                if "error" in chunk:
+                    refused = str(chunk.get("error") or "").strip()[:2000]
+                    _retag(client, previous, tags.latest)
+                    raise PatchkitError(f"engine build failed: {refused}")
+                aux = chunk.get("aux")
+                if isinstance(aux, dict) and isinstance(aux.get("ID"), str):
+                    image_id = aux["ID"]
+        except _api_error() as exc:
+            _retag(client, previous, tags.latest)
+            raise PatchkitError(f"engine build failed: {explain(exc)}") from None
+    if image_id is None:
+        raise EngineError("building the image", "the build stream ended without the image id", clean=(
+            _build_leftovers(tags, previous)))
+    with engine_step("reading back the tags", lambda: _build_leftovers(tags, previous, image_id)):
+        named = {tag: client.api.inspect_image(tag).get("Id") for tag in (tags.versioned, tags.latest)}
+    if set(named.values()) != {image_id}:
+        raise EngineError("reading back the tags", "the engine moved them elsewhere",
+                          ", ".join(f"{t} names {i}" for t, i in named.items()) + f", not the build's {image_id}")
+    return image_id
+
+
+def _api_error():
     import docker
 
-    where = {"path": str(context)} if isinstance(context, Path) else {
-        "fileobj": io.BytesIO(context), "custom_context": True, "encoding": "gzip"}
-    image_id = None
-    try:
-        for chunk in client.api.build(**where, tag=tag, platform=platform, rm=True, decode=True, labels=None):
-            if "stream" in chunk and chunk["stream"].strip():
-                progress.note(chunk["stream"].rstrip())
-            if "error" in chunk:
-                raise PatchkitError(f"engine build failed: {chunk['error'].strip()}")
-            if "aux" in chunk and "ID" in chunk["aux"]:
-                image_id = chunk["aux"]["ID"]
-    except docker.errors.APIError as exc:
-        raise PatchkitError(f"engine build failed: {exc.explanation or exc}") from None
-    return image_id or client.images.get(tag).id
+    return docker.errors.APIError
 
 
-def engine_tags(built: Built, push: Sequence[str]) -> tuple[str, list[str]]:
-    """(the local tag, the push tags): push refs without a tag get the computed one."""
-    tags = [str(Reference.parse(r).with_tag(Reference.parse(r).tag or built.tag)) for r in push]
-    return (tags[0] if tags else f"patchkit/{built.prepared.image.name}:{built.tag}"), tags
+def _build_stream(client, context: Path | bytes, tags: list[str], platform: str):
+    """The engine's build stream (decoded JSON chunks) for `context` under every name in `tags`: the SDK's
+    `build` takes one tag; the API takes `t` once per name."""
+    import docker
+
+    api = client.api
+    if isinstance(context, Path):
+        data = docker.utils.tar(str(context), gzip=True)
+    else:
+        data = io.BytesIO(context)
+    headers = {"Content-Type": "application/tar", "Content-Encoding": "gzip"}
+    api._set_auth_headers(headers)
+    response = api._post(api._url("/build"), data=data, headers=headers, stream=True, timeout=None,
+                         params={"t": tags, "rm": True, "forcerm": True, "platform": platform})
+    api._raise_for_status(response)
+    return api._stream_helper(response, decode=True)
 
 
-def engine_push(client, image_id: str, local_tag: str, tags: list[str]) -> None:
-    for tag in tags:
+def _untag_latest(client, latest: str) -> str | None:
+    """Take `latest` off the image it names (step 1 of engine_build); that image's id, or None."""
+    import docker
+
+    with engine_step(f"taking {latest} off its image before the build"):
+        try:
+            previous = client.api.inspect_image(latest)["Id"]
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.NotFound:
+            return None
+        client.api.remove_image(latest, noprune=True)
+    return previous
+
+
+def _retag(client, image_id: str | None, name: str) -> None:
+    """Put `name` back on `image_id` (a build the engine refused committed nothing)."""
+    if image_id is None:
+        return
+    repo, _, tag = name.rpartition(":")
+    with engine_step(f"putting {name} back on {image_id[:19]}"):
+        client.api.tag(image_id, repo, tag)
+
+
+def _build_leftovers(tags: Tags, previous: str | None, image_id: str | None = None) -> list[str]:
+    """What a build cut off may leave, as commands: the tags it set (if the engine committed it) and the
+    `:latest` taken off before it."""
+    said = [f"`docker image inspect {tags.versioned} {tags.latest}` shows whether the engine committed "
+            f"{image_id[:19] if image_id else 'the build'} (both tags or neither)",
+            "`docker image prune` removes an untagged partial build"]
+    if previous:
+        said.append(f"{tags.latest} was taken off {previous[:19]} before the build: run the build again, or "
+                    f"`docker tag {previous[:19]} {tags.latest}`")
+    return said
+
+
+def engine_push(client, image_id: str, tags: Tags, annotations: dict[str, str]) -> list[str]:
+    """Push every `--push` name (set on the image by its build) and give each pushed manifest the
+    daemonless build's annotations; `name:tag@digest` for each.
+
+    An engine pushes a manifest it writes itself, without annotations (Docker's schema 2 has no field for
+    them). So the manifest it pushed is read back and put again under the same tag as an OCI manifest
+    with the same config and layer blobs (media types renamed, bytes untouched) and the annotations: a few
+    KiB, no blob moves. The engine's RepoDigests keep naming its own manifest, which the registry keeps."""
+    pushed = []
+    for tag in tags.push:
         repo, _, name_tag = tag.rpartition(":")
-        if tag != local_tag:
-            client.images.get(image_id).tag(repo, name_tag)
-        for line in client.images.push(repo, name_tag, stream=True, decode=True):
-            if "error" in line:
-                raise PatchkitError(f"engine push of {tag} failed: {line['error']}")
+        with engine_step(f"pushing {tag}", lambda: [f"pushed so far: {', '.join(pushed) or 'nothing'}"]):
+            for line in client.api.push(repo, name_tag, stream=True, decode=True):
+                if isinstance(line, dict) and "error" in line:
+                    raise EngineError(f"pushing {tag}", "the engine refused", str(line["error"])[:2000],
+                                      [f"pushed so far: {', '.join(pushed) or 'nothing'}"])
+        pushed.append(annotate_pushed(tag, annotations))
+    return pushed
+
+
+def annotate_pushed(tag: str, annotations: dict[str, str]) -> str:
+    """Re-put the manifest an engine pushed under `tag` as an OCI manifest carrying `annotations`."""
+    from patchkit.oci.media import (DOCKER_CONFIG, DOCKER_FOREIGN_GZIP, DOCKER_LAYER_GZIP, DOCKER_MANIFEST,
+                                    OCI_LAYER_GZIP, OCI_LAYER_NONDIST_GZIP, OCI_MANIFEST)
+    from patchkit.oci.registry import RegistryClient
+
+    ref = Reference.parse(tag)
+    client = RegistryClient(ref.registry)
+    data, media_type = client.get_manifest(ref.repository, ref.tag)
+    if media_type not in (DOCKER_MANIFEST, OCI_MANIFEST):
+        raise PatchkitError(f"the engine pushed {tag} as {media_type!r}, not an image manifest")
+    try:
+        manifest = json.loads(data)
+        renamed = {DOCKER_CONFIG: "application/vnd.oci.image.config.v1+json", DOCKER_LAYER_GZIP: OCI_LAYER_GZIP,
+                   DOCKER_FOREIGN_GZIP: OCI_LAYER_NONDIST_GZIP}
+        oci = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+               "config": {**manifest["config"], "mediaType": renamed.get(manifest["config"]["mediaType"],
+                                                                          manifest["config"]["mediaType"])},
+               "layers": [{**layer, "mediaType": renamed.get(layer["mediaType"], layer["mediaType"])}
+                          for layer in manifest["layers"]],
+               "annotations": {**(manifest.get("annotations") or {}), **annotations}}
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PatchkitError(f"the manifest the engine pushed as {tag} is not one patchkit can read "
+                            f"({exc.__class__.__name__})") from None
+    body = json.dumps(oci, sort_keys=True, separators=(",", ":")).encode()
+    digest = client.put_manifest(ref.repository, ref.tag, body, OCI_MANIFEST)
+    return f"{tag}@{digest}"
 
 
 def build_with_engine(built: Built, *, engine_url: str | None = None, push: Sequence[str] = (),
-                      progress: Progress | None = None) -> str:
-    """Build the rendered context through the docker SDK (Docker, or podman's API service). Returns the
-    engine's image id. Without a reachable engine: a PatchkitError naming the daemonless path."""
+                      progress: Progress | None = None, pushed: list[str] | None = None) -> str:
+    """Build the rendered context through the docker SDK (Docker, or podman's API service), moving the
+    versioned tag and `:latest` with it (engine_build). Returns the engine's image id; what was pushed
+    is appended to `pushed`. Without a reachable engine: a PatchkitError naming the daemonless path."""
     progress = progress or Quiet()
     client = connect(engine_url)
-    local_tag, tags = engine_tags(built, push)
+    tags = tags_for(built.prepared.image.name, built.tag, push)
     with tempfile.TemporaryDirectory(prefix="patchkit-context-") as tmp:
         render_context(built, Path(tmp))
-        image_id = engine_build(client, Path(tmp), local_tag, str(built.prepared.base.platform), progress)
-    engine_push(client, image_id, local_tag, tags)
+        image_id = engine_build(client, Path(tmp), tags, str(built.prepared.base.platform), progress)
+    done = engine_push(client, image_id, tags, built.annotations)
+    if pushed is not None:
+        pushed.extend(done)
     return image_id

@@ -17,6 +17,7 @@ that fails on anything the cache answered is made again from the engine alone (i
 
 from __future__ import annotations
 
+import http.client
 import io
 import posixpath
 import queue
@@ -27,17 +28,20 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
+import urllib3
 from packaging.utils import canonicalize_name
 
 from patchkit.errors import PatchkitError
+from patchkit.images.engine import EngineError
 from patchkit.oci.layer import Member, normalize
 from patchkit.oci.source import PackagePaths, PackageRoot
 from patchkit.sources.cache import FileCache
 from patchkit.sources.installed_version import VERSION_MODULES, held_version
 from patchkit.sources.metadata import version_py
 
-# What a transport raises when the engine stops answering (requests' errors; OSError by socket)
-ENGINE_GONE = (requests.exceptions.RequestException, OSError)
+# What a transport raises when the engine stops answering: requests' errors, urllib3's and http.client's
+# that leak through a streamed body, OSError by socket (images.engine.engine_faults adds the SDK's own)
+ENGINE_GONE = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
 
 READERS = 4          # containers read at once: the engine serialises requests on each one
 ABSENT, PRESENT = "absent", "present"
@@ -244,11 +248,11 @@ class ContainerSource(PackagePaths):
         except (docker.errors.APIError, *ENGINE_GONE) as exc:
             raise self._gone(f"reading {name}", exc) from None
 
-    def _gone(self, doing: str, exc: Exception) -> PatchkitError:
+    def _gone(self, doing: str, exc: Exception) -> EngineError:
         left = " ".join(c.id[:12] for c in self._created)
-        return PatchkitError(f"the engine stopped answering while {doing} from {self.base.spec} "
-                             f"({exc.__class__.__name__}): nothing was built"
-                             + (f"; containers it may keep: docker rm -f {left}" if left else ""))
+        return EngineError(f"{doing} from {self.base.spec}", exc.__class__.__name__,
+                           "the engine stopped answering; nothing was built",
+                           [f"containers made to read from: docker rm -f {left}"] if left else [])
 
     def _container(self):
         """An idle container of the base; a new one while fewer than READERS were made (prefetch runs at

@@ -9,7 +9,11 @@ engine (a Spark owner pulled it to run it), so only the patched files move.
    asserted against the base's real files, not the network's;
 3. build a context of a Dockerfile (`FROM base`, `ADD layer.tar /`, LABEL, ENV; no RUN) and one small
    uncompressed tar of the patched files (mode and owner as in the base) and the bytecode stubs
-   (images.engine), and let the engine build it: the base's layers stay where they are.
+   (images.engine), and let the engine build it: the base's layers stay where they are. The build moves
+   the versioned tag and `:latest` together (images.engine.engine_build says how) and pushes `--push`.
+
+Whatever the engine does at any of these steps (errs, drops the connection, is killed, loses a
+container) is an exit-2 error naming the step and what the engine may keep (images.engine.EngineError).
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from __future__ import annotations
 import io
 import tarfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
-from patchkit.images.engine import BYTECODE_STUB, dockerfile, engine_build, engine_push
+from patchkit.images.engine import (BYTECODE_STUB, EngineError, dockerfile, engine_build, engine_push, engine_step,
+                                    explain, tags_for)
 from patchkit.images.engine_files import ContainerSource
 from patchkit.images.labels import describe_image
 from patchkit.images.prepare import Prepared, is_own_base, package_roots, plan_on
@@ -54,20 +59,23 @@ def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
     except PatchkitError:
         ref = None
     found, from_ref = None, spec
-    if ref is not None and ref.digest:
-        # The summary list carries RepoDigests: one request (images.list() inspects every image too).
-        for summary in client.api.images():
-            match = next((rd for rd in summary.get("RepoDigests") or [] if rd.endswith("@" + ref.digest)), None)
-            if match:
-                found, from_ref = client.images.get(summary["Id"]), match
-                break
-    else:
-        try:
-            found = client.images.get(spec)
-        except (docker.errors.ImageNotFound, docker.errors.NotFound):
-            found = None
-        except docker.errors.APIError as exc:
-            raise PatchkitError(f"the engine cannot look up {spec}: {exc.explanation or exc}") from None
+    with engine_step(f"looking up the base {spec}"):
+        if ref is not None and ref.digest:
+            # The summary list carries RepoDigests: one request (images.list() inspects every image too).
+            for summary in client.api.images():
+                digests = summary.get("RepoDigests") if isinstance(summary, dict) else None
+                match = next((rd for rd in digests or [] if isinstance(rd, str) and rd.endswith("@" + ref.digest)),
+                             None)
+                if match:
+                    found, from_ref = client.images.get(summary["Id"]), match
+                    break
+        else:
+            try:
+                found = client.images.get(spec)
+            except (docker.errors.ImageNotFound, docker.errors.NotFound):
+                found = None
+            except docker.errors.APIError as exc:
+                raise PatchkitError(f"the engine cannot look up {spec}: {explain(exc)}") from None
     if found is None:
         return None
     attrs = found.attrs
@@ -92,6 +100,8 @@ def prepare_local(image: Image, patchset: PatchSet, client, base: LocalBase, *, 
         source = ContainerSource(client, base, roots, cache, trust_cache=trust_cache)
         try:
             return plan_on(image, patchset, base, source, own=own, spec=base.spec, dirs=False)
+        except EngineError:
+            raise             # the engine failing is not the cache's doing: asking it everything again would not help
         except PatchkitError:
             if not source.from_cache:
                 raise
@@ -113,6 +123,7 @@ class Loaded:
     image_id: str = ""
     local_tag: str = ""
     sent: int = 0                 # build context bytes sent to the engine
+    pushed: list[str] = field(default_factory=list)   # name:tag@digest of each --push ref
 
     @property
     def digest(self) -> str:
@@ -143,8 +154,8 @@ def build_local(prepared: Prepared, client, *, push: Sequence[str] = (), epoch: 
     progress = progress or Quiet()
     meta = describe_image(prepared, epoch=epoch, revision=revision, source_url=source_url)
     loaded = Loaded(prepared, meta.version, meta.tag, meta.labels, meta.annotations, meta.epoch)
-    tags = [str(Reference.parse(r).with_tag(Reference.parse(r).tag or meta.tag)) for r in push]
-    loaded.local_tag = tags[0] if tags else f"patchkit/{prepared.image.name}:{meta.tag}"
+    tags = tags_for(prepared.image.name, meta.tag, push)
+    loaded.local_tag = tags.versioned
     layer = layer_tar(prepared, meta.epoch)
     text = dockerfile(prepared.image.name, prepared.base.from_ref, "ADD layer.tar /", meta.labels,
                       prepared.image.env).encode()
@@ -156,9 +167,6 @@ def build_local(prepared: Prepared, client, *, push: Sequence[str] = (), epoch: 
             info.size, info.mtime, info.mode = len(data), meta.epoch, 0o644
             tar.addfile(info, io.BytesIO(data))
     loaded.sent = len(context.getvalue())
-    loaded.image_id = engine_build(client, context.getvalue(), loaded.local_tag, str(prepared.base.platform),
-                                   progress)
-    engine_push(client, loaded.image_id, loaded.local_tag, tags)
-    if not tags:  # a moving name for scripts (`patchkit smoke --image patchkit/IMAGE:latest`)
-        client.images.get(loaded.image_id).tag(f"patchkit/{prepared.image.name}", "latest")
+    loaded.image_id = engine_build(client, context.getvalue(), tags, str(prepared.base.platform), progress)
+    loaded.pushed = engine_push(client, loaded.image_id, tags, meta.annotations)
     return loaded

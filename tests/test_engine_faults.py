@@ -1,0 +1,268 @@
+"""Engine faults at every step of `patchkit build IMAGE --load`, on podman and on the Docker Engine: a small
+unix-socket proxy between patchkit and the engine counts the requests patchkit sends and, at request N,
+drops the connection, or SIGKILLs the engine as its answer starts, or SIGKILLs it just after the build
+says `Successfully tagged`. Whatever happens: exit 2 with a message (never exit 3, never a traceback), no
+split tags (`:latest` only on the image the versioned tag names), no container left, and the next build
+succeeds and moves both tags. The realistic base at tests/engines.py SCALE, the real patch set, the real
+CLI in a fresh interpreter (tests/hostile.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from engines import dockerd_service, engine, engine_client, engine_realistic, engine_service, podman_service  # noqa: F401
+from hostile import assert_refused, run_patchkit
+from registry import registry_server  # noqa: F401
+
+IMAGE = "glm53-flash-nvfp4-4p67"
+VERSIONED_PREFIX = f"patchkit/{IMAGE}:0.33.0-"
+LATEST = f"patchkit/{IMAGE}:latest"
+REQUEST = re.compile(rb"(?:GET|POST|PUT|DELETE|HEAD) /v1\.\d+/\S* HTTP/1\.[01]\r\n")
+
+
+class FaultProxy:
+    """A unix socket forwarding each connection to the engine's, counting the HTTP requests sent through it
+    (keep-alive connections carry several). At request `at` (1-based) it does `action`:
+    - "drop": closes the connection before the engine sees the request;
+    - "kill": forwards the request and SIGKILLs the engine as the first bytes of its answer arrive;
+    - "kill-tagged": SIGKILLs the engine as soon as an answer says `Successfully tagged` (at any request).
+    """
+
+    def __init__(self, path: Path, upstream: str, kill, at: int | None = None, action: str = "drop"):
+        self.path, self.upstream, self.kill_engine = path, upstream.removeprefix("unix://"), kill
+        self.at, self.action = at, action
+        self.count, self.fired, self.requests = 0, False, []
+        self._lock = threading.Lock()
+        self._server = socket.socket(socket.AF_UNIX)
+        path.unlink(missing_ok=True)
+        self._server.bind(str(path))
+        self._server.listen(16)
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.path}"
+
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self.fired:
+                return
+            self.fired = True
+        self.kill_engine()
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream = socket.socket(socket.AF_UNIX)
+        try:
+            upstream.connect(self.upstream)
+        except OSError:
+            client.close()
+            return
+        armed = threading.Event()       # "kill": the request at `at` went through this connection
+        done = threading.Event()
+
+        def answers() -> None:
+            try:
+                while (data := upstream.recv(65536)):
+                    if self.action == "kill-tagged" and b"Successfully tagged" in data:
+                        client.sendall(data.split(b"Successfully tagged")[0])
+                        self._fire()
+                        break
+                    if armed.is_set():
+                        self._fire()
+                        break
+                    client.sendall(data)
+            except OSError:
+                pass
+            finally:
+                done.set()
+                for s in (client, upstream):
+                    try:
+                        s.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+
+        threading.Thread(target=answers, daemon=True).start()
+        try:
+            while not done.is_set() and (data := client.recv(65536)):
+                starts = list(REQUEST.finditer(data))
+                with self._lock:
+                    first = self.count + 1
+                    self.count += len(starts)
+                    self.requests += [tuple(m.group(0).split(b" ")[:2]) for m in starts]
+                hit = next((m for i, m in enumerate(starts) if self.at == first + i), None)
+                if hit is not None and self.action == "drop":
+                    self.fired = True
+                    upstream.sendall(data[:hit.start()])
+                    break
+                if hit is not None and self.action == "kill":
+                    armed.set()
+                upstream.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (client, upstream):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            done.wait(30)
+            client.close()
+            upstream.close()
+
+
+def load(url: str, ref: str, cache: Path, epoch: int, *extra: str):
+    """`patchkit build IMAGE --load` through `url`, in a fresh interpreter (tests/hostile.py)."""
+    return run_patchkit("build", IMAGE, "--base", ref, "--load", "--engine-url", url, "--json",
+                        "--revision", "0" * 40, "--source-url", "https://example.invalid/patchkit", *extra,
+                        env={"PATCHKIT_CACHE_DIR": str(cache), "SOURCE_DATE_EPOCH": str(epoch)}, timeout=300)
+
+
+def tags(client) -> dict[str, str]:
+    """This image's tags in the engine: name -> image id."""
+    found = {}
+    for image in client.images.list(name=f"patchkit/{IMAGE}"):
+        for tag in image.tags:
+            found[tag.removeprefix("docker.io/").removeprefix("localhost/")] = image.id
+    return found
+
+
+def assert_consistent(client, when: str) -> None:
+    """No split tags, no container left."""
+    named = tags(client)
+    versioned = {t: i for t, i in named.items() if t.startswith(VERSIONED_PREFIX)}
+    if LATEST in named:
+        assert named[LATEST] in versioned.values(), f"{when}: split tags {named}"
+    left = client.containers.list(all=True)
+    assert not left, f"{when}: containers left: {[(c.id[:12], c.image) for c in left]}"
+
+
+def warm(engine_service, engine_realistic, tmp_path) -> tuple[str, Path]:
+    """A first build fills the member cache (the reads were swept file by file: test_engine_files_faults)
+    and sets both tags; what follows starts from an engine where `:latest` names an image."""
+    ref, _ = engine_realistic
+    cache = tmp_path / "cache"
+    first = load(engine_service.url, ref, cache, 1_700_000_000)
+    assert first.code == 0, first.output[-3000:]
+    return ref, cache
+
+
+@pytest.mark.registry
+def test_engine_faults_at_every_request_of_a_load_are_exit_2_and_leave_consistent_tags(
+        engine_service, engine_client, engine_realistic, tmp_path):
+    ref, cache = warm(engine_service, engine_realistic, tmp_path)
+    epoch = 1_700_000_001
+
+    def kill():
+        engine_service.kill()
+
+    counting = FaultProxy(tmp_path / "count.sock", engine_service.url, kill)
+    clean = load(counting.url, ref, cache, epoch)
+    counting.close()
+    assert clean.code == 0, clean.output[-3000:]
+    total = counting.count
+    assert 5 <= total <= 30, counting.requests
+    assert [m for m, path in counting.requests if path.startswith(b"/v1.41/build?")] == [b"POST"], counting.requests
+    assert_consistent(engine_client, "a clean build")
+    started = time.monotonic()
+    cases = [(a, n) for a in ("drop", "kill") for n in range(1, total + 1)] + [("kill-tagged", None)]
+    for action, at in cases:
+        epoch += 1
+        proxy = FaultProxy(tmp_path / "fault.sock", engine_service.url, kill, at=at, action=action)
+        try:
+            got = load(proxy.url, ref, cache, epoch)
+        finally:
+            proxy.close()
+        if proxy.fired and action.startswith("kill"):
+            engine_service.restart()
+        where = f"{engine_service.kind} {action} at request {at} of {total} ({proxy.requests[at - 1] if at else ''})"
+        if proxy.fired:
+            assert got.code == 2, f"{where}: exit {got.code}: {got.output[-1500:]}"
+            assert_refused(got)
+        else:
+            assert got.code == 0, f"{where}: {got.output[-2000:]}"
+        time.sleep(0.2)   # an engine that finishes a build after the connection was dropped
+        assert_consistent(engine_client, where)
+    # The engine's own record agrees after all of it, and the next build moves both tags.
+    again = load(engine_service.url, ref, cache, epoch + 1)
+    assert again.code == 0, again.output[-3000:]
+    image_id = json.loads(again.stdout)["engine_image"]
+    named = tags(engine_client)
+    assert named[LATEST] == image_id and image_id in {i for t, i in named.items() if t.startswith(VERSIONED_PREFIX)}
+    print(f"{engine_service.kind}: {len(cases)} faulted builds over {total} requests in "
+          f"{time.monotonic() - started:.0f} s")
+
+
+@pytest.mark.registry
+def test_every_load_moves_latest_with_the_versioned_tag(engine_service, engine_client, engine_realistic, tmp_path):
+    ref, cache = warm(engine_service, engine_realistic, tmp_path)
+    before = tags(engine_client)[LATEST]
+    second = load(engine_service.url, ref, cache, 1_700_000_100)
+    assert second.code == 0, second.output[-3000:]
+    image_id = json.loads(second.stdout)["engine_image"]
+    named = tags(engine_client)
+    assert image_id != before and named[LATEST] == image_id
+    assert [t for t, i in named.items() if t.startswith(VERSIONED_PREFIX) and i == image_id], named
+
+
+def _as_nobody(socket_path: str) -> subprocess.CompletedProcess:
+    """patchkit's connect as `nobody` (uid/gid 65534, no groups) against `socket_path`: the interpreter
+    starts as root (root's Python is not nobody's to run), imports, then drops to nobody before connecting."""
+    code = ("import os, sys\nimport docker\nfrom patchkit.errors import PatchkitError\n"
+            "from patchkit.images.engine import connect\n"
+            "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+            "try:\n    connect(sys.argv[1])\nexcept PatchkitError as e:\n"
+            "    print(type(e).__name__, getattr(e, 'cause', ''), '|', e)\n    sys.exit(2)\n")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    return subprocess.run([sys.executable, "-c", code, f"unix://{socket_path}"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": src}, timeout=60)
+
+
+def test_a_user_the_socket_refuses_is_told_the_permission_and_the_fix():
+    """A user outside the docker group: EACCES on the socket, named with the fix, not `no engine`."""
+    if os.geteuid() != 0:
+        pytest.fail("this test makes a root-only socket and connects as nobody: it runs as root (CI does)")
+    where = Path(tempfile.mkdtemp(prefix="patchkit-sock-", dir="/tmp"))   # 0755 up to /: nobody may reach it
+    where.chmod(0o755)
+    path = where / "docker.sock"
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(path))
+        server.listen(1)
+        os.chmod(path, 0o660)   # root:root rw-rw----, as Docker's socket is root:docker
+        refused = _as_nobody(str(path))
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert refused.stdout.startswith("EngineError EACCES |"), refused.stdout
+        assert "permission denied" in refused.stdout and str(path) in refused.stdout
+        assert "sudo usermod -aG docker $USER" in refused.stdout and "log out and in" in refused.stdout
+        # a socket nobody may use but nothing listens on is `no engine`, not a permission
+        server.close()
+        os.chmod(path, 0o666)
+        absent = _as_nobody(str(path))
+        assert absent.returncode == 2 and "no Docker-API engine" in absent.stdout, absent.stdout + absent.stderr
+    finally:
+        server.close()
+        shutil.rmtree(where)

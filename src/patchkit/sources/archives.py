@@ -92,8 +92,9 @@ def check_ancestors(path: Path, listing: dict[str, str]) -> None:
     for parent in sorted(parents):
         if listing.get(parent, "dir") != "dir":
             under = next(name for name in listing if name.startswith(parent + "/"))
+            stored_as = {"file": "a file", "link": "a link", "duplicate": "more than one member"}
             raise UnsafeArchiveError(path, under, f"lies under {parent}, which the archive stores as "
-                                                  f"{_KINDS.get(listing[parent], 'a file')}, not a directory")
+                                                  f"{stored_as.get(listing[parent], 'a special file')}, not a directory")
 
 
 class TarGzArchive:

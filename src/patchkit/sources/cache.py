@@ -3,12 +3,13 @@
 Everything enters the cache by writing a temporary file beside its final name and renaming it, so a
 crash, a full disk or a failed check never leaves a half-written entry that a later run would trust.
 
-The cache is trusted for nothing it cannot verify now. What binds its entries together is an HMAC-SHA256
-under a key kept outside the cache (`cache-key` in the user's state directory, 0600, made on first use;
-a key that cannot be kept there is one per process, so nothing carries over). Each archive record
-(index URL, sha256, size, the stamp of the file last verified), each member listing (bound to its
-archive's key, which names the archive's full verified sha256) and each member reference (archive key,
-member name, blob sha256) carries its MAC; the blob is hashed on every read.
+The cache is trusted for nothing it cannot verify now. What binds its entries together is an
+HMAC-SHA256 under a key kept outside the cache (`cache-key` in the user's state directory, or in
+PATCHKIT_STATE_DIR; 0600, made on first use; a key that cannot be kept is one per process, so nothing
+carries over). Each archive record (index URL, sha256, size, the stamp of the file last verified), each
+member listing (bound to its archive's key, which names the archive's full verified sha256) and each
+member reference (archive key, member name, blob sha256) carries its MAC; a blob is hashed on every read.
+The bare git clones (git/) are outside what follows: a clone is what its last fetch left.
 
 What a process that can write the cache, but not the user's state directory, can and cannot do:
 

@@ -9,7 +9,6 @@ second build reads nothing from the network.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,10 +89,7 @@ class BaseImage:
         if self.layout is not None:
             return self.layout.read_blob(digest, size)
         what, path = f"base {self.spec}", self.blob(digest, size)
-        data = read_file(path, "manifest", f"{what}: blob {digest}")
-        with VerifiedStream(io.BytesIO(data), digest, size, what, discard=path) as stream:
-            stream.finish()
-        return data
+        return check_bytes(read_file(path, "manifest", f"{what}: blob {digest}"), digest, size, what, discard=path)
 
     def open_blob(self, digest: str, size: int) -> VerifiedStream:
         """A reader over blob `digest` that stops at `size` bytes and checks the digest at its end (call

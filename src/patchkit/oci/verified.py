@@ -9,6 +9,7 @@ body; refusing before the final chunk is sent means the registry never receives 
 from __future__ import annotations
 
 import hashlib
+import io
 from pathlib import Path
 from typing import BinaryIO
 
@@ -101,11 +102,7 @@ class VerifiedStream:
         self.close()
 
 
-def check_bytes(data: bytes, digest: str, size: int | None, what: str) -> bytes:
+def check_bytes(data: bytes, digest: str, size: int | None, what: str, discard: Path | None = None) -> bytes:
     """`data` (a whole small blob) if it has its descriptor's size and digest; BlobMismatch otherwise."""
-    if size is not None and len(data) != size:
-        raise BlobMismatch(what, digest, "longer" if len(data) > size else "shorter", size, f"{len(data):,} B")
-    got = "sha256:" + hashlib.sha256(data).hexdigest()
-    if got != digest:
-        raise BlobMismatch(what, digest, "digest", size, got)
+    VerifiedStream(io.BytesIO(data), digest, size, what, discard).finish()
     return data

@@ -87,7 +87,7 @@ def patched_vllm(tmp_path_factory) -> VllmTree:
     installed = _installed_vllm()
     site = tmp_path_factory.mktemp("patched-site")
     excluded = {i for i in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(",") if i}
-    patchset = load_patchset(REPO / "patches")
+    patchset = load_patchset(os.environ.get("PATCHKIT_TEST_PATCHES") or REPO / "patches")  # patchkit rebase: a rebased set
     patched_copy(installed, site, [p for p in patchset.series() if p.id not in excluded])
     return VllmTree(root=site, python=sys.executable)
 

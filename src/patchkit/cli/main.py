@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import click
 
-from patchkit.cli import build, patching, variants
+from patchkit.cli import build, patching, upstream, variants
 from patchkit.cli.common import PatchkitGroup
 from patchkit.cli.doctor import doctor
 from patchkit.cli.schemas import schemas_command
@@ -29,6 +29,6 @@ def main() -> None:
     """Anchor-asserted, fail-closed vLLM patches for GLM-5.3-Flash on DGX Spark."""
 
 
-for command in (*patching.COMMANDS, *build.COMMANDS, *variants.COMMANDS, verify_command, wheel_group, doctor,
+for command in (*patching.COMMANDS, *upstream.COMMANDS, *build.COMMANDS, *variants.COMMANDS, verify_command, wheel_group, doctor,
                 schemas_command):
     main.add_command(command)

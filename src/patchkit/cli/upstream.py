@@ -1,0 +1,144 @@
+"""Following upstream: `rebase` (the patch set onto a new release, with evidence) and `record` (a hand-edited
+tree's difference as a patch's edits). cli/main.py registers COMMANDS.
+
+Exit codes: rebase 0 every broken edit rebased, the rebased series applies and its behaviour tests pass
+(or --no-tests said not to run them); 1 some edit needs a person (named, with the reason and the closest
+candidates), the rebased series does not apply, a test failed or its environment is missing;
+2 bad input. record 0 recorded and proven (applied onto ORIGINAL it gives EDITED byte for byte); 1 it
+cannot be recorded as anchored edits; 2 bad input. Nothing is written without --write.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from patchkit import CHECKOUT, PINNED_VLLM
+from patchkit.cli.common import assume_option, console, emit, json_option, parse_assumed, patches_option
+from patchkit.errors import PatchkitError
+
+
+def _open(spec: str):
+    from patchkit.sources import open_source
+
+    return open_source(spec)
+
+
+@click.command()
+@click.option("--to", "to", required=True, metavar="SRC", help="The new release (0.34.0, flashinfer-python==0.7.4, a directory).")
+@click.option("--from", "from_", default=PINNED_VLLM, show_default=True, metavar="SRC",
+              help="The release the edits hold on (the old file of the three-way merge).")
+@click.option("--patch", "patch_ids", multiple=True, metavar="ID", help="Only these patches (repeatable).")
+@click.option("--write", is_flag=True, help="Write the rebased patch.toml files (atomically, after every check).")
+@click.option("--no-tests", is_flag=True,
+              help="Do not run the behaviour tests (said in the result); without it a missing environment is exit 1.")
+@patches_option
+@json_option
+def rebase(to, from_, patch_ids, write, no_tests, patches_dir, as_json):
+    """Propose the new form of every edit broken, out of range or orphaned on a new release."""
+    from patchkit.patching import rebase as rb
+    from patchkit.patching.patchset import load_patchset
+
+    patchset = load_patchset(patches_dir)
+    patches = [patchset.patch(i) for i in patch_ids] if patch_ids else patchset.series()
+    old, new = _open(from_), _open(to)
+    result = rb.rebase(patches, old, new)
+    with tempfile.TemporaryDirectory(prefix="patchkit-rebase-") as tmp:
+        rebased = rb.rebased_copy(result, patches_dir, Path(tmp) / "patches")
+        plan = rb.check_rebased(load_patchset(rebased), new, [p.id for p in patches])
+        tests, tests_note = [], ""
+        touched = [r.patch.id for r in result.results if r.state == "rebased"]
+        version = new.versions().get("vllm")
+        if no_tests:
+            tests_note = "behaviour tests not run (--no-tests)"
+        elif touched and version:
+            cache = Path(os.environ.get("PATCHKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "patchkit")
+            python = rb.test_environment(cache, version)
+            if python is None:
+                tests_note = (f"no test environment for vLLM {version} under {cache / 'nox'}: build it with "
+                              f"`nox -s release-{version} --install-only`, or pass --no-tests")
+            else:
+                tests = rb.run_behaviour_tests(touched, rebased, python, CHECKOUT / "tests")
+        elif touched:
+            tests_note = "behaviour tests not run: the new source has no vLLM (run them in a vLLM environment)"
+    passed = all(t.passed for t in tests) and not (touched and tests_note and not no_tests)
+    ok = result.ok and plan.ok and passed
+    if write and ok:
+        rb.write(result, patches_dir, new)
+    payload = {"ok": ok, "from": result.old, "to": result.new, "versions": result.versions,
+               "patches": [r.to_dict() for r in result.results],
+               "check": {r.patch.id: str(r.state) for r in plan.results},
+               "tests": [{"patch": t.patch_id, "passed": t.passed, "tail": t.tail} for t in tests],
+               "tests_note": tests_note, "written": bool(write and ok)}
+    if as_json:
+        emit(True, payload)
+    else:
+        _print(result, plan, tests, tests_note, payload["written"])
+    sys.exit(0 if ok else 1)
+
+
+def _print(result, plan, tests, tests_note, written) -> None:
+    console.print(f"rebase {result.old} -> {result.new}", markup=False, highlight=False)
+    for r in result.results:
+        console.print(f"patch {r.patch.id}: {r.state}" + (f" ({r.detail})" if r.detail else ""), markup=False)
+        if r.new_range:
+            console.print(f"  range {r.new_range[0]} {r.new_range[1]} -> {r.new_range[2]}", markup=False)
+        for p in r.proposals:
+            console.print(f"  edit {p.edit.index} ({p.edit.action}): {p.kind} -> {', '.join(p.new.candidates)}"
+                          + (f" versions {p.new.versions}" if p.new.versions else "")
+                          + f"; {p.evidence.why} (anchor {p.evidence.similarity:.0%} similar)", markup=False,
+                          highlight=False)
+        for n in r.people:
+            console.print(f"  edit {n.edit.index} ({n.edit.action}) NEEDS A PERSON: {n.reason}", markup=False,
+                          highlight=False)
+            for c in n.candidates[:3]:
+                console.print("    closest: " + c.replace("\n", "\n      "), markup=False, highlight=False)
+    bad = [r for r in plan.results if not r.ok]
+    console.print("rebased series on the new release: " + ("applies" if not bad else
+                  "; ".join(r.describe() for r in bad)), markup=False, highlight=False)
+    for t in tests:
+        console.print(f"behaviour tests {t.patch_id}: {'passed' if t.passed else 'FAILED'}" +
+                      ("" if t.passed else "\n" + t.tail), markup=False, highlight=False)
+    if tests_note:
+        console.print(tests_note, markup=False, highlight=False)
+    console.print("written" if written else "nothing written (use --write)", markup=False)
+
+
+@click.command()
+@click.option("--patch", "patch_id", required=True, metavar="ID", help="The patch whose edits to record.")
+@click.option("--from", "original", required=True, type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="The stock tree.")
+@click.option("--to", "edited", required=True, type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="The same tree, edited by hand.")
+@click.option("--write", is_flag=True, help="Write the recorded edits into patches/ID/patch.toml.")
+@assume_option
+@patches_option
+@json_option
+def record(patch_id, original, edited, write, assumed, patches_dir, as_json):
+    """Record EDITED's difference from ORIGINAL as the patch's edits (shortest unique anchors), proven."""
+    from patchkit.patching import record as rec
+    from patchkit.patching.patchset import load_patchset
+
+    if original.resolve() == edited.resolve():
+        raise PatchkitError(f"--from and --to are the same directory ({original})")
+    patch = load_patchset(patches_dir).patch(patch_id)
+    recording = rec.record(patch, original, edited, versions=parse_assumed(assumed))
+    if write:
+        rec.write_recording(patch, recording)
+    payload = recording.to_dict() | {"written": write, "proven": True}
+    if as_json:
+        emit(True, payload)
+    else:
+        for e in payload["edits"]:
+            console.print(f"{e['action']} on {e['package']}/{e['file']}: anchor {e['anchor_lines']} line(s), "
+                          f"text {e['text_lines']} line(s)" + (f" in {e['text_file']}" if e["text_file"] else ""),
+                          markup=False, highlight=False)
+        console.print(f"{len(payload['edits'])} edit(s); applied onto {original} they give {edited} byte for byte; "
+                      + ("written" if write else "nothing written (use --write)"), markup=False, highlight=False)
+
+
+COMMANDS = (rebase, record)

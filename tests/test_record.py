@@ -1,0 +1,141 @@
+"""`patchkit record`: every real patch's own effect recorded from a stock and a patched tree of real vLLM
+0.33.0 files, and proven by applying the recording onto the stock tree (byte for byte the patched one),
+the same changes the hand-written patch plans. Hostile trees are refused without a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+from hostile import assert_refused, run_patchkit
+
+from patchkit.errors import PatchFailed
+from patchkit.patching import planner
+from patchkit.patching.patchset import load_patchset
+from patchkit.patching.record import record, write_recording
+from patchkit.sources import DirectorySource, open_source
+from patchkit.sources.base import read_many
+
+REPO = Path(__file__).resolve().parents[1]
+# persistent-topk-cc12's [upstreamed] probe fires on every release (version_tuple = (0, 3...)); its edits
+# run on a dev-build base, stamped as the lab base is and taken for 0.33.0 (--assume-version).
+DEV_STAMP = "__version__ = version = '0.1.dev20051'\nversion_tuple = (0, 1, 'dev20051')\n"
+
+
+@pytest.fixture(scope="module")
+def stock_files():
+    source = open_source("vllm==0.33.0", progress=False)
+    paths = {c for p in load_patchset(REPO / "patches").series() for e in p.edits if e.package == "vllm"
+             for c in e.candidates} | {"__init__.py", "_version.py"}
+    return {path: data for path, data in read_many(source, "vllm", sorted(paths)).items() if data is not None}
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> Path:
+    for path, data in files.items():
+        (root / "vllm" / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / "vllm" / path).write_bytes(data)
+    return root
+
+
+def series_trees(tmp: Path, files: dict[str, bytes], patch_id: str, assume: dict[str, str]) -> tuple[Path, Path]:
+    """ORIGINAL: the stock files with the series before the patch applied; EDITED: with the patch as well."""
+    series = load_patchset(REPO / "patches").series()
+    at = [p.id for p in series].index(patch_id)
+    stock = DirectorySource(write_tree(tmp / "stock", files))
+    trees = []
+    for name, upto in (("original", at), ("edited", at + 1)):
+        plan = planner.plan(series[:upto], stock, versions=assume)
+        assert plan.ok, [r.describe() for r in plan.results if not r.ok]
+        out = dict(files)
+        out.update({c.path: c.new for c in plan.changes})
+        trees.append(write_tree(tmp / name, out))
+    return trees[0], trees[1]
+
+
+EFFECTFUL = ["naming-shim", "nope-mla-pad", "modelopt-mtp-namespace", "packed-modules-4p67", "persistent-topk-cc12",
+             "pool-topk-init", "quantprobe"]
+
+
+@pytest.mark.parametrize("patch_id", EFFECTFUL)
+def test_recording_a_real_patch_round_trips_byte_for_byte(tmp_path, stock_files, patch_id):
+    files, assume = dict(stock_files), {}
+    if patch_id == "persistent-topk-cc12":
+        files["_version.py"], assume = DEV_STAMP.encode(), {"vllm": "0.33.0"}
+    original, edited = series_trees(tmp_path, files, patch_id, assume)
+    folder = tmp_path / "patches"
+    shutil.copytree(REPO / "patches", folder)
+    hand = load_patchset(folder).patch(patch_id)
+    recording = record(hand, original, edited, versions=assume)  # proven inside: raises if not byte-exact
+    write_recording(hand, recording)
+    recorded = load_patchset(folder).patch(patch_id)
+    # The same plan as the hand-written patch, on ORIGINAL: the same files, the same new bytes.
+    source = DirectorySource(original)
+    want = planner.plan([hand], source, versions=assume).changes
+    got = planner.plan([recorded], source, versions=assume).changes
+    assert [(c.path, c.new) for c in got] == [(c.path, c.new) for c in want] and want
+    # Each anchor is unique (count 1) and no longer than the hand-written patch's longest needs.
+    assert all(e.count == 1 for e in recorded.edits if e.action != "assert")
+    # The hand-written asserts and other releases' edits are kept as they were.
+    assert [e.anchor for e in recorded.edits if e.action == "assert"] == [e.anchor for e in hand.edits if e.action == "assert"]
+    for name in recording.files:
+        assert (folder / patch_id / name).is_file()
+
+
+def test_long_text_goes_to_a_file_beside_patch_toml(tmp_path, stock_files):
+    original, edited = series_trees(tmp_path, stock_files, "nope-mla-pad", {})
+    folder = tmp_path / "patches"
+    shutil.copytree(REPO / "patches", folder)
+    patch = load_patchset(folder).patch("nope-mla-pad")
+    recording = record(patch, original, edited)
+    assert recording.files, "the config hook and the attention helpers are long"
+    write_recording(patch, recording)
+    doc = tomllib.loads((folder / "nope-mla-pad" / "patch.toml").read_text())
+    named = [e["text_file"] for e in doc["edit"] if "text_file" in e]
+    assert set(recording.files) <= set(named)
+    # the FlashInfer edits (another package, not in the tree) are kept as written
+    assert sum(1 for e in doc["edit"] if e.get("package") == "flashinfer") == 6
+
+
+def test_an_assert_only_patch_has_nothing_to_record(tmp_path, stock_files):
+    original, edited = series_trees(tmp_path, stock_files, "kda-fp32-taps", {})
+    patch = load_patchset(REPO / "patches").patch("kda-fp32-taps")
+    with pytest.raises(PatchFailed, match="nothing to record"):
+        record(patch, original, edited)
+
+
+def test_record_cli_refuses_what_an_anchor_cannot_say(tmp_path, stock_files):
+    original = write_tree(tmp_path / "original", stock_files)
+    added = write_tree(tmp_path / "added", {**stock_files, "new_module.py": b"x = 1\n"})
+    out = run_patchkit("record", "--patch", "quantprobe", "--from", str(original), "--to", str(added))
+    assert out.code == 1 and "vllm/new_module.py" in out.output and "Traceback" not in out.output
+    binary = write_tree(tmp_path / "binary", {**stock_files, "__init__.py": b"\xff\xfe\x00"})
+    out = run_patchkit("record", "--patch", "quantprobe", "--from", str(original), "--to", str(binary))
+    assert out.code == 1 and "not UTF-8" in out.output and "Traceback" not in out.output
+    assert_refused(run_patchkit("record", "--patch", "no-such", "--from", str(original), "--to", str(binary)),
+                   "no-such")
+    assert_refused(run_patchkit("record", "--patch", "quantprobe", "--from", str(original), "--to", str(original)),
+                   "same directory")
+    # nothing was written into the repository's patch folder by any of these
+    assert not (REPO / "patches" / "quantprobe" / "base_config.py.txt").exists()
+
+
+def test_record_cli_writes_only_with_write(tmp_path, stock_files):
+    original, edited = series_trees(tmp_path, stock_files, "quantprobe", {})
+    folder = tmp_path / "patches"
+    shutil.copytree(REPO / "patches", folder)
+    before = (folder / "quantprobe" / "patch.toml").read_bytes()
+    out = run_patchkit("record", "--patch", "quantprobe", "--from", str(original), "--to", str(edited),
+                       "--patches", str(folder), "--json")
+    assert out.code == 0, out.output[-2000:]
+    assert (folder / "quantprobe" / "patch.toml").read_bytes() == before
+    out = run_patchkit("record", "--patch", "quantprobe", "--from", str(original), "--to", str(edited),
+                       "--patches", str(folder), "--write")
+    assert out.code == 0, out.output[-2000:]
+    recorded = load_patchset(folder).patch("quantprobe")
+    assert dataclasses.astuple(recorded)[0] == "quantprobe"
+    plan = planner.plan([recorded], DirectorySource(original))
+    assert plan.ok and {c.path for c in plan.changes} == {"model_executor/layers/quantization/base_config.py"}

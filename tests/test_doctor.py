@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -123,3 +124,9 @@ def test_doctor_asks_for_quantprobe_lines_only_when_told_the_switch_was_on():
 def test_a_log_that_is_a_directory_exits_2(tmp_path):
     run = doctor(tmp_path)
     assert run.returncode == 2 and "is a directory, not a regular file" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_log_on_a_closed_stdin_exits_2():
+    run = subprocess.run([sys.executable, "-m", "patchkit", "doctor", "-"], check=False, capture_output=True,
+                         text=True, timeout=120, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0))
+    assert run.returncode == 2 and "standard input is closed" in run.stderr and "Traceback" not in run.stderr

@@ -45,6 +45,8 @@ def _read(log: str) -> Iterator[tuple[str, bool]]:
     from patchkit.untrusted import lines, open_regular
 
     if log == "-":
+        if sys.stdin is None:  # started with its standard input closed
+            raise PatchkitError("cannot read the log on stdin: standard input is closed")
         return lines(sys.stdin.buffer, "the log on stdin")
     what = f"cannot read the log {log}"
     stream = open_regular(log, "boot-log", what)

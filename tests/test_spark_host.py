@@ -213,3 +213,34 @@ def test_load_of_a_cu130_base_finds_its_suffixed_metadata(client, podman, tmp_pa
     prepared = result.built.prepared
     assert prepared.versions["vllm"] == "0.33.0+cu130" and prepared.engine_versions["vllm"] == "0.33.0"
     assert client.images.get(result.engine_image).labels["dev.patchkit.vllm.layout"] == "0.33.0"
+
+
+def _tar_of(name: str, data: bytes) -> bytes:
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return raw.getvalue()
+
+
+def test_load_refuses_a_hostile_layout_before_asking_any_engine(tmp_path):
+    """A gzip bomb (2 MiB of tar in a few KiB, over a 1 MiB PATCHKIT_LIMIT_LAYER_TAR) and a layer whose tar
+    is not the diff_id its config names: exit 2 naming the layer, and no engine is needed to say so."""
+    import gzip
+
+    from bases import small_layout
+
+    tar = _tar_of("zeros", bytes(2 << 20))
+    bomb = tmp_path / "bomb"
+    small_layout(bomb, [(gzip.compress(tar), "sha256:" + hashlib.sha256(tar).hexdigest())])
+    lying = tmp_path / "lying"
+    small_layout(lying, [(gzip.compress(tar), "sha256:" + "0" * 64)])
+    nowhere = f"unix://{tmp_path / 'no-engine.sock'}"
+    env = {**os.environ, "PATCHKIT_LIMIT_LAYER_TAR": str(1 << 20), "PATCHKIT_CACHE_DIR": str(tmp_path / "cache")}
+    assert_refused(run_patchkit("load", str(bomb), "--engine-url", nowhere, env=env), "layer-tar", "PATCHKIT_LIMIT_LAYER_TAR")
+    del env["PATCHKIT_LIMIT_LAYER_TAR"]
+    assert_refused(run_patchkit("load", str(lying), "--engine-url", nowhere, env=env), "diff_id", "sha256:" + "0" * 64)

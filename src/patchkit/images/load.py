@@ -29,6 +29,7 @@ from patchkit.oci.base import BaseImage, open_base
 from patchkit.oci.media import OCI_LAYER_TAR, READABLE_LAYERS, Platform
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
+from patchkit.untrusted import InputTooLarge, limit_of
 
 PLATFORM = "linux/arm64"
 CHUNK = 1 << 20
@@ -90,15 +91,22 @@ def _uncompressed(base: BaseImage, desc: dict, diff_id: str, out: BinaryIO) -> N
         raise PatchkitError(f"{base.spec}: layer {digest} is {media_type}; gzip or plain tar layers only")
     blob_sha, tar_sha = hashlib.sha256(), hashlib.sha256()
     inflate = None if media_type == OCI_LAYER_TAR else zlib.decompressobj(16 + zlib.MAX_WBITS)
+    limit, written = limit_of("layer-tar"), 0
     with base.open_blob(digest, desc.get("size")) as raw:
         while chunk := raw.read(CHUNK):
             blob_sha.update(chunk)
-            try:
-                data = inflate.decompress(chunk) if inflate else chunk
-            except zlib.error as exc:
-                raise PatchkitError(f"{base.spec}: layer {digest} is not gzip data ({exc})") from None
-            tar_sha.update(data)
-            out.write(data)
+            pending = chunk
+            while pending:  # inflated a bounded piece at a time: a gzip bomb is never held or written whole
+                try:
+                    data = inflate.decompress(pending, CHUNK) if inflate else pending
+                except zlib.error as exc:
+                    raise PatchkitError(f"{base.spec}: layer {digest} is not gzip data ({exc})") from None
+                pending = inflate.unconsumed_tail if inflate else b""
+                written += len(data)
+                if written > limit:
+                    raise InputTooLarge(f"{base.spec}: layer {digest} inflated", "layer-tar", limit, written)
+                tar_sha.update(data)
+                out.write(data)
     if inflate is not None and not inflate.eof:
         raise PatchkitError(f"{base.spec}: layer {digest} ends inside its gzip stream")
     if "sha256:" + blob_sha.hexdigest() != digest:
@@ -136,12 +144,12 @@ def load_layout(spec: str, *, tag: str | None = None, engine_url: str | None = N
     if parsed.digest or not parsed.tag:
         raise PatchkitError(f"--tag {tag!r}: give NAME:TAG (no digest): the engine names what it loads by a tag")
     base = open_layout(spec, cache or default_cache_root() / "oci", progress)
-    client = connect(engine_url)
     with tempfile.TemporaryDirectory(prefix="patchkit-load-") as tmp:
         archive = Path(tmp) / "image.tar"
-        with open(archive, "wb") as out:
+        with open(archive, "wb") as out:  # whole and checked before the engine is asked for anything
             layers = write_archive(base, tag, out, Path(tmp))
         sent = archive.stat().st_size
+        client = connect(engine_url)
         progress.note(f"sending {base.spec} ({PLATFORM}, {layers} layers, {sent} bytes) to the engine as {tag}")
         with open(archive, "rb") as data:
             _send(client, data, tag)

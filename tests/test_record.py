@@ -6,6 +6,7 @@ the same changes the hand-written patch plans. Hostile trees are refused without
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import tomllib
 from pathlib import Path
@@ -119,6 +120,10 @@ def test_record_cli_refuses_what_an_anchor_cannot_say(tmp_path, stock_files):
                    "no-such")
     assert_refused(run_patchkit("record", "--patch", "quantprobe", "--from", str(original), "--to", str(original)),
                    "same directory")
+    fifo = write_tree(tmp_path / "fifo", stock_files)
+    os.mkfifo(fifo / "vllm" / "pipe.py")
+    assert_refused(run_patchkit("record", "--patch", "quantprobe", "--from", str(original), "--to", str(fifo)),
+                   "pipe.py", "not a regular file")
     # nothing was written into the repository's patch folder by any of these
     assert not (REPO / "patches" / "quantprobe" / "base_config.py.txt").exists()
 

@@ -18,6 +18,7 @@ import difflib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,14 +146,22 @@ def write_patch_folder(folder: Path, toml_text: str, files: dict[str, str]) -> N
 # ---------------------------------------------------------------------------------------------- recording
 
 def _tree_files(root: Path) -> dict[str, Path]:
-    """Regular files below a package root, relative POSIX paths (bytecode and links left out)."""
+    """Regular files below a package root, relative POSIX paths (bytecode left out). A link, FIFO, socket
+    or device is refused by name: what it stands for is not a file an anchored edit can describe."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not (Path(dirpath) / d).is_symlink())
+        for d in dirnames:
+            if (Path(dirpath) / d).is_symlink():
+                raise PatchkitError(f"{Path(dirpath) / d} is a symbolic link: record reads real directories only")
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for name in filenames:
             path = Path(dirpath) / name
-            if path.is_symlink() or not path.is_file() or name.endswith((".pyc", ".pyo")):
+            if name.endswith((".pyc", ".pyo")):
                 continue
+            mode = path.lstat().st_mode
+            if not stat.S_ISREG(mode):
+                what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+                raise PatchkitError(f"{path} is {what}: record reads regular files only")
             out[path.relative_to(root).as_posix()] = path
     return out
 

@@ -5,15 +5,18 @@ label only for a URL people can open, the creation time from the commit when SOU
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
+import subprocess
 import tarfile
 from contextlib import contextmanager
 
 import git
 import pytest
-from engines import client, patched_files, podman, podman_service, realistic  # noqa: F401
+from engines import (client, dockerd_service, engine, engine_client, engine_realistic, engine_service,  # noqa: F401
+                     patched_files, podman, podman_service, realistic)
 from registry import free_port, make_base, push_base, registry_server, vllm_sdist  # noqa: F401
 
 from patchkit.errors import PatchFailed
@@ -136,8 +139,8 @@ def test_load_asserts_every_anchor_on_the_engine_copy(registry_server, realistic
 
 
 @pytest.mark.registry
-def test_load_without_the_base_in_the_engine_says_so_and_takes_the_engine_route(registry_server, podman, tmp_path,
-                                                                                 monkeypatch):
+def test_load_without_the_base_in_the_engine_says_so_and_takes_the_engine_route(registry_server, podman, client,
+                                                                                 tmp_path, monkeypatch):
     base = make_base(vllm_sdist(), tmp_path / "absent")
     ref = push_base(base, registry_server.host, "absent/base")
     notes = []
@@ -154,6 +157,42 @@ def test_load_without_the_base_in_the_engine_says_so_and_takes_the_engine_route(
     result = run(tmp_path, base=ref, load=True, engine_url=podman)
     assert result.route == "engine" and result.engine_image
     assert any(n.startswith("route: engine") and "not in the engine" in n for n in notes), notes
+    # the engine route moves :latest too: `patchkit smoke --image patchkit/IMAGE:latest` runs this build
+    named = {t.removeprefix("docker.io/").removeprefix("localhost/"): i.id for i in client.images.list()
+             for t in i.tags}
+    assert named[f"patchkit/{IMAGE}:latest"] == named[f"patchkit/{IMAGE}:{result.built.tag}"] == result.engine_image
+
+
+@pytest.mark.registry
+def test_load_push_reports_what_was_pushed_with_the_daemonless_annotations(registry_server, engine_realistic,
+                                                                           engine_client, engine, tmp_path):
+    """`--load --push`: each pushed ref is reported (name:tag@digest), and the manifest in the registry, read
+    back by skopeo, carries the annotations the daemonless build of the same base writes."""
+    ref, _ = engine_realistic
+    repo = f"{registry_server.host}/pushed/{engine.rsplit('/', 1)[-1].split('.')[0]}"
+    result = run(tmp_path, base=ref, load=True, engine_url=engine, push=[repo])
+    assert result.route == "local-engine"
+    tag = result.built.tag
+    (pushed,) = result.pushed
+    assert pushed.startswith(f"{repo}:{tag}@sha256:"), result.pushed
+    raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{repo}:{tag}"],
+                         capture_output=True, check=True).stdout
+    assert "sha256:" + hashlib.sha256(raw).hexdigest() == pushed.rsplit("@", 1)[1]
+    manifest = json.loads(raw)
+    assert manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    daemonless = run(tmp_path / "daemonless", base=ref, dry_run=True).built
+    # the same annotations, the one the local route adds aside (which engine image it built on)
+    local_only = manifest["annotations"].pop("dev.patchkit.base.image-id")
+    assert local_only == result.built.prepared.base.image_id
+    assert manifest["annotations"] == daemonless.annotations
+    # the layers the engine pushed are the manifest's: the image pulls back whole
+    config = subprocess.run(["skopeo", "inspect", "--config", "--tls-verify=false", f"docker://{repo}:{tag}"],
+                            capture_output=True, check=True).stdout
+    assert json.loads(config)["config"]["Labels"]["dev.patchkit.series"] == result.built.labels["dev.patchkit.series"]
+    # and the local names moved with it
+    named = {t.removeprefix("docker.io/").removeprefix("localhost/"): i.id for i in engine_client.images.list()
+             for t in i.tags}
+    assert named[f"patchkit/{IMAGE}:latest"] == named[f"patchkit/{IMAGE}:{tag}"] == result.built.image_id
 
 
 # -- image metadata ------------------------------------------------------------------------------------

@@ -1,0 +1,164 @@
+"""Serving correctness: what a client sees in one chat completion, judged on the response alone.
+
+An engine that boots and answers 200 can still hand clients a bad split of GLM-5.3's output. The
+serving probes (`PROBES`: a request with `enable_thinking: false`, one with `reasoning_effort: low` and
+`max_tokens` 256, one tool call for the `glm47` tool parser) are the requests that show each known
+mis-split; `judge_completion` reads the response body of each and records, per probe, what the
+receipt keeps: `<think>`/`</think>` in `content` (vllm issue #54744), reasoning that swallowed the
+answer (content empty on a `stop` finish, sglang issue #37645), tool arguments that are not a JSON
+object or carry `</think>` (vllm-ascend #16592), and the U+FFFD count. A reply cut at `max_tokens`
+with no content is a spent budget, not a mis-split: a warning.
+
+Pure: no I/O. The body is outside input, decoded against a msgspec schema of the fields judged (a wrong
+shape is `MalformedJson`, exit 2, with the JSON path); the caller reads it bounded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Annotated
+
+import msgspec
+
+from patchkit.jsondata import decode
+from patchkit.variants.smoke.judge import Finding
+
+THINK_TAGS = ("<think>", "</think>")
+REPLACEMENT = "\ufffd"
+PROBE_MAX_TOKENS = 256  # field records "Measured recipes": max_tokens 48 can end in content null, finish "length"
+TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def _body(prompt: str, max_tokens: int = PROBE_MAX_TOKENS, **extra) -> dict:
+    return {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0, **extra}
+
+
+# Request bodies without "model" (the smoke adds the served name). enable_thinking is a GLM-4.5-era
+# switch GLM-5.3's template ignores: the model still reasons, and the split must still hold.
+PROBES = {
+    "enable-thinking-false": _body("What is 17 times 23? Answer with the number.",
+                                   chat_template_kwargs={"enable_thinking": False}),
+    "reasoning-effort-low": _body("What is 17 times 23? Answer with the number.",
+                                  chat_template_kwargs={"reasoning_effort": "low"}),
+    "tool-call": _body("What is the weather in Paris right now? Use the tool.", 512,
+                       tools=[TOOL], tool_choice="auto", chat_template_kwargs={"reasoning_effort": "low"}),
+}
+
+
+class _Function(msgspec.Struct):
+    name: str = ""
+    arguments: str = ""
+
+
+class _ToolCall(msgspec.Struct):
+    function: _Function
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None  # what newer vLLM names the same field
+    tool_calls: list[_ToolCall] = []
+
+
+class _Choice(msgspec.Struct):
+    message: _Message
+    finish_reason: str | None = None
+
+
+class _Completion(msgspec.Struct):
+    choices: Annotated[list[_Choice], msgspec.Meta(min_length=1)]
+
+
+@dataclass(frozen=True)
+class ToolCallCheck:
+    name: str
+    arguments_json: bool  # the arguments parse as a JSON object
+    think_tags: int  # <think>/</think> inside the arguments
+
+
+@dataclass
+class ServingCheck:
+    """One probe's response as a client reads it, and the findings on it."""
+
+    probe: str
+    finish_reason: str | None
+    content_chars: int
+    reasoning_chars: int
+    think_tags_in_content: int
+    reasoning_swallowed_answer: bool
+    tool_calls: list[ToolCallCheck]
+    replacement_chars: int
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.level == "fail" for f in self.findings)
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, **asdict(self)}
+
+
+def _tool_call(call: _ToolCall) -> ToolCallCheck:
+    try:
+        parsed = json.loads(call.function.arguments)
+    except (ValueError, RecursionError):
+        parsed = None
+    tags = sum(call.function.arguments.count(t) for t in THINK_TAGS)
+    return ToolCallCheck(call.function.name, isinstance(parsed, dict), tags)
+
+
+def judge_completion(body: bytes, probe: str, what: str) -> ServingCheck:
+    """The first choice of a chat completion response `body` (bytes named `what`), judged for `probe`."""
+    if probe not in PROBES:
+        raise ValueError(f"unknown serving probe {probe!r}")  # a caller's bug, never outside input
+    choice = decode(body, _Completion, what).choices[0]
+    message = choice.message
+    content = message.content or ""
+    reasoning = message.reasoning_content or message.reasoning or ""
+    calls = [_tool_call(c) for c in message.tool_calls]
+    args = "".join(c.function.arguments for c in message.tool_calls)
+    check = ServingCheck(
+        probe=probe,
+        finish_reason=choice.finish_reason,
+        content_chars=len(content),
+        reasoning_chars=len(reasoning),
+        think_tags_in_content=sum(content.count(t) for t in THINK_TAGS),
+        reasoning_swallowed_answer=not content.strip() and bool(reasoning.strip()) and not calls
+        and choice.finish_reason == "stop",
+        tool_calls=calls,
+        replacement_chars=(content + reasoning + args).count(REPLACEMENT),
+    )
+    check.findings = _findings(check)
+    return check
+
+
+def _findings(c: ServingCheck) -> list[Finding]:
+    out = []
+    if c.think_tags_in_content:
+        out.append(Finding("fail", "reasoning split", f"{c.think_tags_in_content} <think>/</think> tag(s) in content: "
+                           "the reasoning leaked into the answer (vllm issue #54744; patch glm53-always-think)"))
+    if c.reasoning_swallowed_answer:
+        out.append(Finding("fail", "reasoning split", f"content empty on a 'stop' finish with {c.reasoning_chars} "
+                           "characters of reasoning: the answer was returned as reasoning (sglang issue #37645)"))
+    elif not c.content_chars and not c.tool_calls and c.finish_reason == "length":
+        out.append(Finding("warn", "token budget", "no content: max_tokens ran out while the model reasoned "
+                           f"(finish 'length'); the probes send {PROBE_MAX_TOKENS}"))
+    if c.probe == "tool-call":
+        if not c.tool_calls:
+            out.append(Finding("fail", "tool call", f"no tool call in the answer (finish {c.finish_reason!r})"))
+        for call in c.tool_calls:
+            if not call.arguments_json:
+                out.append(Finding("fail", "tool call", f"{call.name}: arguments are not a JSON object"))
+            if call.think_tags:
+                out.append(Finding("fail", "tool call", f"{call.name}: {call.think_tags} <think>/</think> tag(s) inside "
+                                   "the arguments (vllm-ascend #16592)"))
+    if c.replacement_chars:
+        out.append(Finding("fail", "corruption", f"{c.replacement_chars} U+FFFD in the reply"))
+    if not any(f.level == "fail" for f in out):
+        out.append(Finding("ok", "serving", f"{c.probe}: content {c.content_chars} chars, reasoning {c.reasoning_chars}, "
+                           f"{len(c.tool_calls)} tool call(s), finish {c.finish_reason!r}"))
+    return out

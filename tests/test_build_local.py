@@ -12,6 +12,7 @@ import os
 import subprocess
 import tarfile
 from contextlib import contextmanager
+from pathlib import Path
 
 import git
 import pytest
@@ -229,3 +230,52 @@ def test_a_clone_of_a_local_directory_has_no_source_and_the_commit_time(tmp_path
     assert build_epoch(None, tmp_path) == 1_700_000_000
     monkeypatch.delenv("SOURCE_DATE_EPOCH")
     assert build_epoch(None, tmp_path) == 0, "outside a checkout, and only there, 1970"
+
+
+IMAGES = sorted(p.name for p in (Path(__file__).resolve().parents[1] / "images").iterdir() if (p / "image.toml").exists())
+
+
+def _entries(tar: tarfile.TarFile) -> dict[str, tuple]:
+    """A layer's entries: path -> (kind, mode, bytes or None)."""
+    found = {}
+    for info in tar:
+        data = tar.extractfile(info).read() if info.isreg() else None
+        found["/" + info.name.lstrip("./")] = ("file" if info.isreg() else "dir" if info.isdir() else "other",
+                                               info.mode & 0o7777, data)
+    return found
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("image_name", IMAGES)
+def test_every_image_loads_and_the_engine_image_matches_the_daemonless_layer(image_name, engine_realistic,
+                                                                              engine_client, engine, tmp_path):
+    """Checked independently of patchkit's own account: the engine's image, exported with `docker save`,
+    has the base's layers unchanged and on top exactly the daemonless layer of the same inputs: the same
+    patched files, bytes and modes, each stale bytecode the daemonless layer whites out overwritten by the
+    stub, and nothing else (directories aside: the engine records the parents of what it adds)."""
+    ref, made = engine_realistic
+    loaded = build(image_name, base=ref, load=True, engine_url=engine, revision=REVISION, source_url=SOURCE,
+                   epoch=EPOCH, quiet=True, cache=tmp_path / "cache").built
+    daemonless = build(image_name, base=ref, dry_run=True, revision=REVISION, source_url=SOURCE, epoch=EPOCH,
+                       quiet=True, cache=tmp_path / "cache").built
+    saved = tmp_path / "saved.tar"
+    with open(saved, "wb") as out:
+        for chunk in engine_client.images.get(loaded.image_id).save(named=False):
+            out.write(chunk)
+    base_layers = len(engine_client.images.get(ref.split(":base@")[0] + "@" + made["manifest"]).attrs["RootFS"]["Layers"])
+    with tarfile.open(saved) as outer:
+        (manifest,) = json.load(outer.extractfile("manifest.json"))
+        added = manifest["Layers"][base_layers:]
+        assert len(added) == 1, f"one layer on top of the base's {base_layers}, not {len(added)}"
+        with tarfile.open(fileobj=outer.extractfile(added[0])) as top:
+            engine_layer = _entries(top)
+    with tarfile.open(fileobj=io.BytesIO(daemonless.layer.blob), mode="r:*") as layer:
+        expected = _entries(layer)
+    whiteouts = {p.replace("/.wh.", "/") for p in expected if "/.wh." in p}
+    files = {p: v for p, v in expected.items() if v[0] == "file" and "/.wh." not in p}
+    got_files = {p: v for p, v in engine_layer.items() if v[0] == "file"}
+    assert {p: v for p, v in got_files.items() if p not in whiteouts} == files
+    assert {p: v for p, v in got_files.items() if p in whiteouts} == {p: ("file", 0o644, BYTECODE_STUB)
+                                                                      for p in whiteouts}
+    assert not [p for p, v in engine_layer.items() if v[0] == "other"], "no links or devices"
+    assert files and whiteouts, "the series changed files and whited out their bytecode"

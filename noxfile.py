@@ -134,6 +134,31 @@ for _release in RELEASES[:-1]:
     _release_session(_release)
 
 
+@nox.session(name="tests-host", python=os.environ.get("PATCHKIT_HOST_PYTHONS", "3.12").split(","))
+def tests_host(session: nox.Session) -> None:
+    """patchkit's own suite on a user's Python (default 3.12, a DGX Spark's; PATCHKIT_HOST_PYTHONS=3.12,3.13
+    for more): everything that needs no vLLM environment (`-m "not vllm"`, whose tests run in `tests`);
+    PATCHKIT_REQUIRE_VLLM=1 so a test that needs vLLM without saying so fails instead of skipping."""
+    session.install("-e", f"{ROOT}[test]")
+    install_actionlint(session)
+    session.env["PATCHKIT_REQUIRE_VLLM"] = "1"
+    session.env["PATCHKIT_RESULTS"] = str(RESULTS / "host" / f"python-{session.python}.json")
+    session.run("pytest", *(session.posargs or ["-q", "-p", "no:cacheprovider", "-n", "auto", "--dist", "loadfile",
+                                                "-m", "not vllm"]))
+
+
+@nox.session(venv_backend="none")
+def fuzz(session: nox.Session) -> None:
+    """The hostile-input fuzzers at depth (hypothesis profile `daily`: 2,000 examples each, against ~60 in
+    `nox -s tests`), in the `tests` environment: run that first. The daily workflow runs it."""
+    python = _env_python(PINNED)
+    if not python.exists():
+        session.error(f"{python} missing: run `nox -s tests` first")
+    session.env.update({"HYPOTHESIS_PROFILE": "daily", "PATCHKIT_REQUIRE_VLLM": "1"})
+    session.run(str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "auto", "-k", "fuzz",
+                *(session.posargs or [str(ROOT / "tests")]), external=True)
+
+
 @nox.session(name="tests-releases", venv_backend="none")
 def tests_releases(session: nox.Session) -> None:
     """The release-sensitive tests on every supported release (the pinned one through `tests`), then the

@@ -17,7 +17,12 @@ Patched wheels: `patchkit wheel build` from the cached release wheel against `wh
 Image builds on the realistic base (tests/bench_images.py): the Spark route (`--load`) against a layout
 plus `skopeo copy`, and the daemonless push against `buildah bud`. `--json FILE` writes every number.
 
-    python tests/bench.py [--patches DIR] [--images DIR] [--versions 0.30.0,...] [--repeat N] [--only verify|wheels|images]
+Rebase on real history (`--only rebase`): each patch with its later releases' edits and paths stripped,
+re-derived by `patchkit rebase` from the earlier release and the real later sources, compared with the
+hand-written edits (identical, or the same effect on the release), and the rebased patches' behaviour
+tests run in the release's test environment where it is built. Figures per patch, not timed.
+
+    python tests/bench.py [--patches DIR] [--images DIR] [--versions 0.30.0,...] [--repeat N] [--only verify|wheels|images|rebase]
                           [--image IMAGE] [--scale 1.0] [--json FILE]
 """
 
@@ -189,13 +194,18 @@ def main() -> None:
     parser.add_argument("--images", type=Path, default=REPO / "images")
     parser.add_argument("--versions", default="0.30.0,0.31.0,0.32.0,0.33.0")
     parser.add_argument("--repeat", type=int, default=5, help="warm runs (the best is kept)")
-    parser.add_argument("--only", choices=["verify", "wheels", "images"],
+    parser.add_argument("--only", choices=["verify", "wheels", "images", "rebase"],
                         help="one benchmark: verify (and apply), the patched wheel, or the image builds")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write every number here, for CI to keep")
     parser.add_argument("--image", default="glm53-flash-nvfp4-4p67", help="image of the build benchmarks")
     parser.add_argument("--scale", type=float, default=1.0,
                         help="realistic base size (1.0: ~10 GB uncompressed; 0 skips the build benchmarks)")
     args = parser.parse_args()
+    if args.only == "rebase":
+        report = {"machine": {"cores": os.cpu_count(), "load": os.getloadavg()}}
+        report["rebase"], report["goals"] = rebase_bench(args.patches)
+        write_report(report, args.json)
+        return
     if args.only == "wheels":
         with tempfile.TemporaryDirectory(prefix="patchkit-bench-") as tmp:
             print_rows(bench_wheels(Path(tmp), load_patchset(args.patches).series(), PINNED_VLLM,
@@ -332,7 +342,68 @@ def main() -> None:
 
         report["images"], image_goals = images_bench(args.image, args.scale)
         report["goals"].update(image_goals)
+    if args.only is None:
+        report["rebase"], rebase_goals = rebase_bench(args.patches)
+        report["goals"].update(rebase_goals)
     write_report(report, args.json)
+
+
+# (from, to) of the real history: vLLM's nvidia/ -> common/ layout (0.30 -> 0.31+), FlashInfer 0.6.x -> 0.7.x
+REBASE_HISTORY = [("vllm==0.30.0", "vllm==0.31.0"), ("vllm==0.30.0", "vllm==0.32.0"), ("vllm==0.30.0", "vllm==0.33.0"),
+                  ("flashinfer-python==0.6.18.post1", "flashinfer-python==0.7.2.post1"),
+                  ("flashinfer-python==0.6.18.post1", "flashinfer-python==0.7.4")]
+# The hand-written set itself moved forwards where it has no stripped edits to recover: it must hold.
+REBASE_FORWARD = [("flashinfer-python==0.7.2.post1", "flashinfer-python==0.7.4")]
+
+
+def rebase_bench(patches_dir: Path) -> tuple[dict, dict]:
+    """Per history step and patch: later edits, recovered (identical / same effect), needing a person,
+    behaviour tests on the rebased set where the release's environment exists."""
+    from patchkit.patching import rebase as rb
+
+    cache_dir = Path(os.environ.get("PATCHKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "patchkit")
+    out, totals = {}, {"later_edits": 0, "recovered": 0, "tested": 0, "recovered_and_passing": 0}
+    print(f"{'history':<52} {'patch':<24} {'later':>5} {'ident':>5} {'recov':>5}  tests / needs a person")
+    with tempfile.TemporaryDirectory(prefix="patchkit-bench-rebase-") as tmp:
+        for n, (old_spec, new_spec) in enumerate(REBASE_HISTORY):
+            old, new = open_source(old_spec, progress=True), open_source(new_spec, progress=True)
+            start = time.perf_counter()
+            measured = rb.measure(patches_dir, old, new, Path(tmp) / str(n))
+            seconds = time.perf_counter() - start
+            version = new.versions().get("vllm")
+            python = rb.test_environment(cache_dir, version) if version else None
+            runs = {}
+            if python is not None:
+                rebased = [p for p in measured["rebased"] if p in measured["patches"]]
+                runs = {t.patch_id: t for t in rb.run_behaviour_tests(rebased, Path(measured["rebased_dir"]), python,
+                                                                      REPO / "tests")}
+            step = f"{old_spec} -> {new_spec}"
+            out[step] = {"seconds": round(seconds, 1), "tests_env": str(python) if python else None, "patches": {}}
+            for patch_id, fig in measured["patches"].items():
+                run = runs.get(patch_id)
+                fig = dict(fig, tests=None if run is None else ("passed" if run.passed else "failed"))
+                if run is not None and not run.passed:
+                    fig["tests_tail"] = run.tail
+                out[step]["patches"][patch_id] = fig
+                totals["later_edits"] += fig["later_edits"]
+                totals["recovered"] += fig["recovered"]
+                if run is not None:
+                    totals["tested"] += fig["recovered"]
+                    totals["recovered_and_passing"] += fig["recovered"] if run.passed else 0
+                people = "; ".join(f"edit {p['edit']}: {p['reason'][:70]}" for p in fig["needs_person"])
+                tests = fig["tests"] or ("no env" if version else "n/a")
+                print(f"{step:<52} {patch_id:<24} {fig['later_edits']:>5} {fig['identical']:>5} {fig['recovered']:>5}  "
+                      f"{tests}{' / ' + people if people else ''}")
+        for old_spec, new_spec in REBASE_FORWARD:
+            result = rb.rebase(load_patchset(patches_dir).series(), open_source(old_spec), open_source(new_spec))
+            step = f"{old_spec} -> {new_spec} (hand-written set)"
+            out[step] = {r.patch.id: r.state for r in result.results if r.state != "unchanged" or r.patch.id == "nope-mla-pad"}
+            print(f"{step:<52} {out[step]}")
+    share = totals["recovered"] / max(1, totals["later_edits"])
+    goals = {"rebase_recovered_share": round(share, 3), **totals}
+    print(f"\nrecovered {totals['recovered']} of {totals['later_edits']} hand-written later-release edits ({share:.0%}; "
+          f"goal >= 80%); behaviour-tested {totals['tested']}, passing {totals['recovered_and_passing']}")
+    return out, goals
 
 
 def write_report(report: dict, path: Path | None) -> None:

@@ -96,7 +96,7 @@ def guard_in_series(patch_id: str, tree_root):
     from patchkit.sources.directory import DirectorySource
 
     excluded = {i for i in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(",") if i}
-    patchset = load_patchset(REPO / "patches")
+    patchset = load_patchset(os.environ.get("PATCHKIT_TEST_PATCHES") or REPO / "patches")  # as conftest
     assert patch_id in [p.id for p in patchset.series() if p.id not in excluded], f"{patch_id} left out of the series"
     result = planner.plan([patchset.patch(patch_id)], DirectorySource(tree_root)).result(patch_id)
     assert result.state == planner.State.APPLIED, result.describe()
@@ -114,7 +114,9 @@ def plan_on_drifted_upstream(patch_id: str, old: str, new: str, tmp_path):
     from patchkit.patching.patchset import load_patchset
     from patchkit.sources.directory import DirectorySource
 
-    patch = load_patchset(REPO / "patches").patch(patch_id)
+    import os
+
+    patch = load_patchset(os.environ.get("PATCHKIT_TEST_PATCHES") or REPO / "patches").patch(patch_id)  # as conftest
     installed = installed_package("vllm")
     files = {c: (installed / c).read_text() for e in patch.edits for c in e.candidates if (installed / c).exists()}
     assert any(old in text for text in files.values()), f"{old!r} is not in the installed vLLM"

@@ -391,7 +391,7 @@ def rebase_bench(patches_dir: Path) -> tuple[dict, dict]:
                     totals["tested"] += fig["recovered"]
                     totals["recovered_and_passing"] += fig["recovered"] if run.passed else 0
                 people = "; ".join(f"edit {p['edit']}: {p['reason'][:70]}" for p in fig["needs_person"])
-                tests = fig["tests"] or ("no env" if version else "n/a")
+                tests = fig["tests"] or ("no vLLM" if not version else "no env" if python is None else "not rebased")
                 print(f"{step:<52} {patch_id:<24} {fig['later_edits']:>5} {fig['identical']:>5} {fig['recovered']:>5}  "
                       f"{tests}{' / ' + people if people else ''}")
         for old_spec, new_spec in REBASE_FORWARD:

@@ -58,12 +58,10 @@ LIMITS = {limit.kind: limit for limit in (
     Limit("index-page", 64 * MiB, "one package index project page (PyPI's vllm page, JSON, is ~1 MiB)"),
     Limit("binary", 2 * GiB, "one compiled extension in a release wheel, read for the kernel census: vLLM 0.33.0's largest (_vllm_fa2_C) is 294 MiB"),
     Limit("archive", 8 * GiB, "a release sdist or wheel downloaded from the index: vLLM's aarch64 wheel is ~500 MiB"),
-    Limit("layer", 64 * GiB, "one image layer blob in a layout or the blob cache (read against its descriptor's size): a CUDA base's largest are a few GiB"),
     Limit("tar", 2 * GiB, "the tar stream of one .tar.gz sdist, inflated: FlashInfer 0.7.2.post1's is 440 MB, vLLM 0.33.0's 150 MB"),
     Limit("layer-tar", 128 * GiB, "one image layer's tar inflated by `patchkit load` (spooled to disk, never held): a CUDA vLLM base's largest inflate to ~10 GiB"),
     Limit("inflated", 8 * GiB, "a wheel's members inflated, each and all together, while their RECORD hashes are checked (streamed, never held whole): vLLM 0.33.0's x86_64 wheel inflates to 835 MB, its largest member to 308 MB"),
     Limit("layer", 64 * GiB, "one image layer blob in a layout or the blob cache (read against its descriptor's size): a CUDA base's largest are a few GiB"),
-    Limit("tool-output", 16 * MiB, "what one host tool prints for `doctor --host` (nvidia-smi, nvcc --version, free -b, docker version): a few KiB"),
     Limit("tool-output", 16 * MiB, "what one host tool prints for `doctor --host` (nvidia-smi, nvcc --version, free -b, docker version): a few KiB"),
 )}
 

@@ -163,6 +163,9 @@ def host_name(host: str) -> str:
 SMOKE_LABEL = "io.patchkit.smoke"  # on every container the smoke creates: only those it ever removes
 GPU_CHOICES = ("auto", "all", "none")
 STOP_TIMEOUT_S = 30  # vLLM shuts down on SIGTERM; a wedged engine gets SIGKILL after this
+# A fatal line is logged a moment before the process ends (vLLM tears its workers down first): the receipt
+# waits this long for the nodes to exit so it records their exit codes and whole logs.
+EXIT_WAIT_S = 30
 
 
 class EngineError(PatchkitError):
@@ -463,6 +466,8 @@ def run_smoke(
             attempts += 1
             _start(runners, image, command, env, f"{name}-retry", master)
         extra: list[Finding] = []
+        if not health.ok and any(c.definitive for c in causes):
+            _await_exit(runners, EXIT_WAIT_S, sleep)
         if not health.ok:
             extra.append(Finding("fail", "health", f"/health never answered 200: {health.last}"))
         else:
@@ -500,6 +505,14 @@ def run_smoke(
         containers=containers,
         logs=logs,
     )
+
+
+def _await_exit(runners: list[Runner], limit_s: float, sleep: Callable[[float], None]) -> None:
+    """Wait, at most `limit_s`, for every node to exit (a boot that logged its fatal cause is ending)."""
+    for _ in range(int(limit_s / 0.5)):  # counted, not timed: the tests' sleep is their own
+        if not any(r.running() for r in runners):
+            return
+        sleep(0.5)
 
 
 def _container(runner: Runner) -> dict:

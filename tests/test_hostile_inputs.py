@@ -220,6 +220,18 @@ def test_a_pinned_config_of_the_wrong_shape_is_refused_not_an_internal_error(tmp
         assert_refused(outcome, CONFIG)
 
 
+SLOW = "re:(?:[a-z.0-9_]|[a-z.0-9_])*[A-Z]"
+
+
+def test_a_target_that_backtracks_catastrophically_is_refused_in_its_time_budget(tmp_path, unpinned):
+    """An alternation of two equal classes under a star takes 2^len steps against a module name in re and
+    in regex alike (found by the hostile-input pass: preflight hung); each match has MATCH_TIMEOUT_S
+    through `regex`, so it is exit 2 naming the pattern."""
+    root = checkpoint(tmp_path, "redhat")
+    edit_json(root / CONFIG, lambda c: c["quantization_config"]["config_groups"]["group_0"].update(targets=[SLOW]))
+    assert_refused(preflight(root, unpinned, "redhat"), f"{SLOW!r} takes over 1 s to match", "backtracks catastrophically")
+
+
 def test_an_index_of_the_wrong_shape_is_refused(tmp_path, unpinned):
     root = checkpoint(tmp_path)
     edit_json(root / INDEX, lambda i: i["weight_map"].update({"x.weight": 3}))

@@ -129,10 +129,31 @@ def read_quant_config(root: Path, config: dict, vllm_method: str) -> QuantSource
 # ---------------------------------------------------------------- compressed-tensors
 
 
+# A `re:` target is the checkpoint's (a folder from outside), so a match has a time budget: `regex` (re's
+# superset, mrab) is the maintained engine with a per-match timeout; `re` has none, and a pattern such as
+# `(a|a)*b` backtracks exponentially. Its default VERSION0 keeps re's semantics.
+MATCH_TIMEOUT_S = 1.0
+
+
+class SlowPattern(PatchkitError):
+    """A config's `re:` target that does not finish matching one module name within MATCH_TIMEOUT_S (exit 2)."""
+
+    def __init__(self, pattern: str, value: str):
+        self.pattern, self.value = pattern, value
+        super().__init__(f"the quantization config's target {pattern!r} takes over {MATCH_TIMEOUT_S:g} s to match "
+                         f"{value!r}: a pattern that backtracks catastrophically (vLLM would stall on it at load too); "
+                         "refused")
+
+
 def _match(value: str, target: str, contains: bool = False) -> bool:
     """is_equal_or_regex_match: `re:` regex from the start, else equality (or substring, ignoring case)."""
     if target.startswith("re:"):
-        return re.match(target[3:], value) is not None  # compiled (and checked) once in CompressedTensors
+        import regex
+
+        try:  # compiled (and checked with re, as vLLM compiles it) once in CompressedTensors
+            return regex.match(target[3:], value, timeout=MATCH_TIMEOUT_S) is not None
+        except TimeoutError:
+            raise SlowPattern(target, value) from None
     if contains:
         return target.lower() in value.lower()
     return target == value

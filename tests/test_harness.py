@@ -490,3 +490,32 @@ def test_allocation_probe_lines_do_not_fail_a_boot_that_came_up():
     assert [(f.level, f.what) for f in up.findings if f.what == "memory"] == [("warn", "memory")]
     down = judge_log(probe + text.split("Application startup complete")[0], find_variant("lab", IMAGES), True)
     assert down.cause.cause == "nv-err-no-memory" and not down.ok
+
+
+def test_an_endless_chat_answer_is_cut_at_its_limit_not_held(monkeypatch):
+    """The served API is outside input too: an answer past PATCHKIT_LIMIT_API_ANSWER is a failed chat
+    naming the limit, read no further (the server here sends 64 MiB of an endless body)."""
+    monkeypatch.setenv("PATCHKIT_LIMIT_API_ANSWER", str(1 << 20))
+
+    class Endless(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            try:
+                for _ in range(1024):
+                    self.wfile.write(b"[" * 65536)
+            except OSError:  # the client stopped reading, as it must
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        reply = chat(f"http://127.0.0.1:{server.server_port}", "m", "hi", timeout=30)
+    finally:
+        server.shutdown()
+    assert reply["ok"] is False and "PATCHKIT_LIMIT_API_ANSWER" in reply["error"]

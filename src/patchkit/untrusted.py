@@ -62,6 +62,7 @@ LIMITS = {limit.kind: limit for limit in (
     Limit("layer-tar", 128 * GiB, "one image layer's tar inflated by `patchkit load` (spooled to disk, never held): a CUDA vLLM base's largest inflate to ~10 GiB"),
     Limit("inflated", 8 * GiB, "a wheel's members inflated, each and all together, while their RECORD hashes are checked (streamed, never held whole): vLLM 0.33.0's x86_64 wheel inflates to 835 MB, its largest member to 308 MB"),
     Limit("layer", 64 * GiB, "one image layer blob in a layout or the blob cache (read against its descriptor's size): a CUDA base's largest are a few GiB"),
+    Limit("api-answer", 16 * MiB, "one answer of the served OpenAI API to the smoke (a chat completion of at most 512 tokens): a few KiB"),
     Limit("tool-output", 16 * MiB, "what one host tool prints for `doctor --host` (nvidia-smi, nvcc --version, free -b, docker version): a few KiB"),
 )}
 

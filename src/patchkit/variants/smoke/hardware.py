@@ -37,7 +37,7 @@ import requests
 
 from patchkit import __version__
 from patchkit.errors import PatchkitError
-from patchkit.untrusted import InputTooLarge, limit_of
+from patchkit.untrusted import InputTooLarge, limit_of, read_stream
 from patchkit.variants.definitions import Variant
 from patchkit.variants.serve import ServeCommand
 from patchkit.variants.smoke.causes import find_causes
@@ -76,7 +76,8 @@ def wait_healthy(
     while clock() - start < deadline_s:
         attempts += 1
         try:
-            response = requests.get(f"{base_url}/health", timeout=max(1.0, interval_s))
+            with requests.get(f"{base_url}/health", timeout=max(1.0, interval_s), stream=True) as response:
+                pass  # the status is the answer: its body is never read
             if response.status_code == 200:
                 return Health(True, clock() - start, attempts, "200")
             last = f"HTTP {response.status_code}"
@@ -101,26 +102,34 @@ def chat(base_url: str, model: str, prompt: str, max_tokens: int = MIN_MAX_TOKEN
     }
     start = time.monotonic()
     try:
-        response = requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=timeout)
+        with requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=timeout, stream=True) as response:
+            response.raw.decode_content = True  # a compressed answer is bounded as decoded, not as sent
+            data = read_stream(response.raw, "api-answer", f"{base_url}/v1/chat/completions")
     except requests.RequestException as exc:  # the engine died or stalled after /health answered
         return {"ok": False, "error": f"no answer: {type(exc).__name__}", "seconds": time.monotonic() - start}
+    except InputTooLarge as exc:
+        return {"ok": False, "error": str(exc), "seconds": time.monotonic() - start}
     seconds = time.monotonic() - start
+    text = data.decode("utf-8", "replace")
     if response.status_code != 200:
-        return {"ok": False, "error": f"HTTP {response.status_code}: {response.text[:500]}", "seconds": seconds}
+        return {"ok": False, "error": f"HTTP {response.status_code}: {text[:500]}", "seconds": seconds}
     try:
-        choice = response.json()["choices"][0]
+        answer = json.loads(text)
+        choice = answer["choices"][0]
         message = choice["message"]
-    except (ValueError, KeyError, IndexError, TypeError):
-        return {"ok": False, "error": f"not a chat completion: {response.text[:500]}", "seconds": seconds}
-    content = message.get("content") or ""
-    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
+        return {"ok": False, "error": f"not a chat completion: {text[:500]}", "seconds": seconds}
+    content = message.get("content") or "" if isinstance(message, dict) else None
+    reasoning = (message.get("reasoning_content") or message.get("reasoning") or "") if isinstance(message, dict) else None
+    if not isinstance(choice, dict) or not isinstance(content, str) or not isinstance(reasoning, str):
+        return {"ok": False, "error": f"not a chat completion: {text[:500]}", "seconds": seconds}
     return {
         "ok": bool(content),
         "error": "" if content else f"empty content (finish_reason {choice.get('finish_reason')})",
         "content": content,
         "reasoning": reasoning,
         "finish_reason": choice.get("finish_reason"),
-        "usage": response.json().get("usage"),
+        "usage": answer.get("usage") if isinstance(answer, dict) else None,
         "seconds": seconds,
     }
 

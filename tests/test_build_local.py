@@ -9,6 +9,8 @@ import hashlib
 import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import tarfile
 from contextlib import contextmanager
@@ -18,7 +20,7 @@ import git
 import pytest
 from engines import (client, dockerd_service, engine, engine_client, engine_realistic, engine_service,  # noqa: F401
                      patched_files, podman, podman_service, realistic)
-from registry import free_port, make_base, push_base, registry_server, vllm_sdist  # noqa: F401
+from registry import free_port, make_base, make_stand_in, pinned_stand_in, push_base, registry_server, vllm_sdist  # noqa: F401
 
 from patchkit.errors import PatchFailed
 from patchkit.images.build import build
@@ -245,24 +247,50 @@ def _entries(tar: tarfile.TarFile) -> dict[str, tuple]:
     return found
 
 
+@pytest.fixture(scope="module")
+def engine_pinned(registry_server, engine_client, tmp_path_factory):
+    """The pinned base's stand-in (vLLM 0.30.0's files under the base's dev version, tests/registry.py) in
+    the registry and pulled into this engine, and a copy of images/ whose root definition pins it by
+    digest: `--load` without `--base` must find it in the engine by that digest, as on a Spark."""
+    made = make_stand_in(pinned_stand_in(), tmp_path_factory.mktemp("pinned") / "layout")
+    ref = push_base(made, registry_server.host, "vllm/vllm-openai", tag="glm53-flash-arm64-cu130")
+    engine_client.api.pull(ref.split("@")[0].rsplit(":", 1)[0], tag=ref.split("@")[1], platform="linux/arm64")
+    images = tmp_path_factory.mktemp("images") / "images"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "images", images)
+    root = images / "glm53-flash-nvfp4" / "image.toml"
+    text, n = re.subn(r'^ref = "vllm/vllm-openai:glm53-flash-arm64-cu130@sha256:[0-9a-f]{64}"$', f'ref = "{ref}"',
+                      root.read_text(), flags=re.MULTILINE)
+    assert n == 1, "the root image no longer pins vllm/vllm-openai:glm53-flash-arm64-cu130 by digest"
+    root.write_text(text)
+    return ref, images
+
+
 @pytest.mark.registry
 @pytest.mark.parametrize("image_name", IMAGES)
-def test_every_image_loads_and_the_engine_image_matches_the_daemonless_layer(image_name, engine_realistic,
+@pytest.mark.parametrize("base_kind", ["realistic", "pinned-stand-in"])
+def test_every_image_loads_and_the_engine_image_matches_the_daemonless_layer(image_name, base_kind, request,
                                                                               engine_client, engine, tmp_path):
     """Checked independently of patchkit's own account: the engine's image, exported with `docker save`,
     has the base's layers unchanged and on top exactly the daemonless layer of the same inputs: the same
     patched files, bytes and modes, each stale bytecode the daemonless layer whites out overwritten by the
-    stub, and nothing else (directories aside: the engine records the parents of what it adds)."""
-    ref, made = engine_realistic
-    loaded = build(image_name, base=ref, load=True, engine_url=engine, revision=REVISION, source_url=SOURCE,
-                   epoch=EPOCH, quiet=True, cache=tmp_path / "cache").built
-    daemonless = build(image_name, base=ref, dry_run=True, revision=REVISION, source_url=SOURCE, epoch=EPOCH,
-                       quiet=True, cache=tmp_path / "cache").built
+    stub, and nothing else (directories aside: the engine records the parents of what it adds). On the
+    realistic base (vLLM 0.33.0's files, given by --base) and on the pinned base's stand-in (0.30.0's
+    layout, found in the engine by the digest the definition pins)."""
+    if base_kind == "realistic":
+        ref, _ = request.getfixturevalue("engine_realistic")
+        where = {"base": ref}
+    else:
+        ref, images = request.getfixturevalue("engine_pinned")
+        where = {"images_dir": images}
+    loaded = build(image_name, load=True, engine_url=engine, revision=REVISION, source_url=SOURCE,
+                   epoch=EPOCH, quiet=True, cache=tmp_path / "cache", **where).built
+    daemonless = build(image_name, dry_run=True, revision=REVISION, source_url=SOURCE, epoch=EPOCH,
+                       quiet=True, cache=tmp_path / "cache", **where).built
     saved = tmp_path / "saved.tar"
     with open(saved, "wb") as out:
         for chunk in engine_client.images.get(loaded.image_id).save(named=False):
             out.write(chunk)
-    base_layers = len(engine_client.images.get(ref.split(":base@")[0] + "@" + made["manifest"]).attrs["RootFS"]["Layers"])
+    base_layers = len(engine_client.images.get(ref.split("@")[0].rsplit(":", 1)[0] + "@" + ref.split("@")[1]).attrs["RootFS"]["Layers"])
     with tarfile.open(saved) as outer:
         (manifest,) = json.load(outer.extractfile("manifest.json"))
         added = manifest["Layers"][base_layers:]

@@ -78,6 +78,12 @@ class PodmanService(Engine):
                                                    '[[registry]]\nlocation = "127.0.0.1"\ninsecure = true\n')
         (self.root / "storage.conf").write_text(f'[storage]\ndriver = "{self.driver}"\nrunroot = "{self.root}/run"\n'
                                                 f'graphroot = "{self.root}/graph"\n')
+        if "CONTAINERS_CONF" not in self.env:
+            # podman's default tmp_dir, /run/libpod, is shared by every service on the machine: another
+            # service's start or reset removed it under this one ("creating runtime status file: open
+            # /run/libpod/alive", 6 setup errors in one full run with two services at once)
+            (self.root / "containers.conf").write_text(f'[engine]\ntmp_dir = "{self.root}/tmp"\n')
+            self.env["CONTAINERS_CONF"] = str(self.root / "containers.conf")
         self.log = open(self.root / "log", "wb")
         self.proc = subprocess.Popen([binary, "system", "service", "--time=0", self.url], env=self.env,
                                      stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

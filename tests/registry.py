@@ -144,3 +144,16 @@ def pull_blob(host: str, repo: str, digest: str) -> bytes:
     return r.content
 
 
+def images_pinned_to(ref: str, dest: Path) -> Path:
+    """A copy of images/ at `dest` whose root definition pins `ref` (a stand-in of the pinned base) by
+    digest; children inherit the base, everything else is the repository's definitions byte for byte."""
+    import re
+    import shutil
+
+    shutil.copytree(Path(__file__).resolve().parents[1] / "images", dest)
+    root = dest / "glm53-flash-nvfp4" / "image.toml"
+    text, n = re.subn(r'^ref = "vllm/vllm-openai:glm53-flash-arm64-cu130@sha256:[0-9a-f]{64}"$', f'ref = "{ref}"',
+                      root.read_text(), flags=re.MULTILINE)
+    assert n == 1, "the root image no longer pins vllm/vllm-openai:glm53-flash-arm64-cu130 by digest"
+    root.write_text(text)
+    return dest

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -30,6 +29,7 @@ from packaging.version import Version
 from registry import (  # noqa: F401
     flatten,
     free_port,
+    images_pinned_to,
     make_base,
     make_stand_in,
     pinned_stand_in,
@@ -106,13 +106,7 @@ def pinned(registry_server, tmp_path_factory):
     digest (children inherit the base), everything else byte for byte the repository's definitions."""
     made = make_stand_in(pinned_stand_in(), tmp_path_factory.mktemp("pinned") / "layout")
     ref = push_base(made, registry_server.host, PINNED_REPO, tag=PINNED_TAG)
-    images = tmp_path_factory.mktemp("images") / "images"
-    shutil.copytree(ROOT / "images", images)
-    root = images / "glm53-flash-nvfp4" / "image.toml"
-    text, n = re.subn(r'^ref = "vllm/vllm-openai:glm53-flash-arm64-cu130@sha256:[0-9a-f]{64}"$', f'ref = "{ref}"',
-                      root.read_text(), flags=re.MULTILINE)
-    assert n == 1, "the root image no longer pins vllm/vllm-openai:glm53-flash-arm64-cu130 by digest"
-    root.write_text(text)
+    images = images_pinned_to(ref, tmp_path_factory.mktemp("images") / "images")
     return {"base": made, "ref": ref, "images": images}
 
 

@@ -9,8 +9,6 @@ import hashlib
 import io
 import json
 import os
-import re
-import shutil
 import subprocess
 import tarfile
 from contextlib import contextmanager
@@ -20,7 +18,7 @@ import git
 import pytest
 from engines import (client, dockerd_service, engine, engine_client, engine_realistic, engine_service,  # noqa: F401
                      patched_files, podman, podman_service, realistic)
-from registry import free_port, make_base, make_stand_in, pinned_stand_in, push_base, registry_server, vllm_sdist  # noqa: F401
+from registry import free_port, images_pinned_to, make_base, make_stand_in, pinned_stand_in, push_base, registry_server, vllm_sdist  # noqa: F401
 
 from patchkit.errors import PatchFailed
 from patchkit.images.build import build
@@ -255,14 +253,7 @@ def engine_pinned(registry_server, engine_client, tmp_path_factory):
     made = make_stand_in(pinned_stand_in(), tmp_path_factory.mktemp("pinned") / "layout")
     ref = push_base(made, registry_server.host, "vllm/vllm-openai", tag="glm53-flash-arm64-cu130")
     engine_client.api.pull(ref.split("@")[0].rsplit(":", 1)[0], tag=ref.split("@")[1], platform="linux/arm64")
-    images = tmp_path_factory.mktemp("images") / "images"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "images", images)
-    root = images / "glm53-flash-nvfp4" / "image.toml"
-    text, n = re.subn(r'^ref = "vllm/vllm-openai:glm53-flash-arm64-cu130@sha256:[0-9a-f]{64}"$', f'ref = "{ref}"',
-                      root.read_text(), flags=re.MULTILINE)
-    assert n == 1, "the root image no longer pins vllm/vllm-openai:glm53-flash-arm64-cu130 by digest"
-    root.write_text(text)
-    return ref, images
+    return ref, images_pinned_to(ref, tmp_path_factory.mktemp("images") / "images")
 
 
 @pytest.mark.registry

@@ -22,6 +22,7 @@ from patchkit.patching.schema import (
     EditTable,
     PatchFile,
     SeriesFile,
+    TrackedTable,
     UpstreamedProbeTable,
 )
 from patchkit.sources.base import DISTRIBUTIONS
@@ -76,13 +77,14 @@ class Patch:
     folder: Path
     ranges: dict[str, SpecifierSet]  # package -> releases it applies to; always has "vllm"
     origin: dict[str, str]
-    upstream: dict[str, str]
+    upstream: dict[str, str]  # state, url
     edits: tuple[Edit, ...]
     upstreamed: Probe | None = None
     digest: str = field(default="", compare=False)  # sha256 over the folder's files, for image annotations
     evidence: str = ""   # how it was derived (sources, measurements)
     test: str = ""       # which tests prove it
     drop_when: str = ""  # when upstream makes it unnecessary
+    tracked: tuple[TrackedTable, ...] = ()  # upstream PRs/issues that would retire it ([[upstream.tracked]])
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -172,13 +174,14 @@ def load_patch(toml_path: Path) -> Patch:
         folder=toml_path.parent,
         ranges=ranges,
         origin=msgspec.structs.asdict(doc.origin),
-        upstream=msgspec.structs.asdict(doc.upstream),
+        upstream={"state": doc.upstream.state, "url": doc.upstream.url},
         edits=edits,
         upstreamed=probe,
         digest=folder_digest(toml_path.parent),
         evidence=doc.evidence or "",
         test=doc.test or "",
         drop_when=doc.drop_when or "",
+        tracked=tuple(doc.upstream.tracked),
     )
 
 

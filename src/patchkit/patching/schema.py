@@ -39,9 +39,20 @@ class OriginTable(_Table):
     license: NonEmpty                   # SPDX
 
 
+class TrackedTable(_Table):
+    """One `[[upstream.tracked]]`: an upstream pull request or issue whose resolution would make the patch
+    unnecessary; `patchkit upstream` reads its state from GitHub's REST API."""
+
+    repo: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")]  # owner/name
+    number: Annotated[int, msgspec.Meta(ge=1)]
+    kind: Literal["pr", "issue"]
+    fixes: NonEmpty                     # what it would fix, in this patch's terms
+
+
 class UpstreamTable(_Table):
     state: Annotated[str, msgspec.Meta(pattern=r"^(none|open|merged-in-\d+(\.\d+)*([a-z0-9.+-]*)?)$")]
     url: str = ""
+    tracked: list[TrackedTable] = []    # the PRs and issues that would retire it
 
 
 class UpstreamedProbeTable(_Table):

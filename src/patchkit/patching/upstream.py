@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from patchkit.patching.patchset import PatchSet
+from patchkit.patching.schema import TrackedTable
 
 HEADER = """# Upstream status of the patch set
 
@@ -24,6 +25,8 @@ def render(patchset: PatchSet) -> str:
                 parts.append(f"**{heading}.** {text.strip()}\n")
         parts.append(f"- origin: {p.origin['author']} <{p.origin['url']}> ({p.origin['license']})")
         parts.append(f"- upstream: {_upstream(p.upstream)}")
+        for t in p.tracked:  # their live state: `patchkit upstream` (GitHub's API), not this file
+            parts.append(f"  - tracked {t.kind} [{t.repo}#{t.number}]({tracked_url(t)}): {t.fixes}")
         parts.append("- applies to: " + "; ".join(f"{pkg} `{spec}`" for pkg, spec in p.ranges.items()))
         files = sorted({f"{e.package}/{' or '.join(e.candidates)}" for e in p.edits})
         parts.append("- files: " + ", ".join(f"`{f}`" for f in files))
@@ -36,3 +39,8 @@ def render(patchset: PatchSet) -> str:
 def _upstream(upstream: dict[str, str]) -> str:
     url = upstream.get("url", "")
     return f"{upstream['state']} ({url})" if url else upstream["state"]
+
+
+def tracked_url(tracked: TrackedTable) -> str:
+    """The page of a tracked pull request or issue on GitHub."""
+    return f"https://github.com/{tracked.repo}/{'pull' if tracked.kind == 'pr' else 'issues'}/{tracked.number}"

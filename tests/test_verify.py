@@ -26,7 +26,7 @@ from patchkit import PINNED_VLLM
 from patchkit.cli.main import PatchkitGroup
 from patchkit.cli.verify import verify_command
 from patchkit.errors import PatchkitError
-from patchkit.sources import open_source, read_many
+from patchkit.sources import open_source
 from patchkit.sources.cache import SdistCache
 from patchkit.verify.states import CellState
 from patchkit.verify.targets import parse_versions
@@ -264,7 +264,7 @@ def real_files() -> dict[str, dict[str, bytes]]:
         out = {}
         for version in RELEASES:
             source = open_source(f"vllm=={version}", progress=False)
-            out[version] = {p: data for p, data in read_many(source, "vllm", READ).items() if data is not None}
+            out[version] = {p: data for p, data in source.read_many("vllm", READ).items() if data is not None}
         return out
     finally:
         os.environ.update(saved)
@@ -526,11 +526,11 @@ def test_with_a_flashinfer_source_its_edits_are_checked_on_every_version(local_i
     assert result.exit_code == 2 and "--with takes sources of other packages" in result.stderr
 
 
-def test_every_engine_state_has_a_cell_state():
+def test_every_planner_state_has_a_cell_state():
     """No engine verdict crashes the matrix: partial and modified upstream trees read as broken."""
     from patchkit.patching.planner import State
 
-    assert {state: CellState.from_engine(state) for state in State} == {
+    assert {state: CellState.from_plan(state) for state in State} == {
         State.NOT_APPLIED: CellState.APPLIES, State.APPLIED: CellState.APPLIED,
         State.UPSTREAMED: CellState.UPSTREAMED, State.BROKEN: CellState.BROKEN,
         State.PARTIAL: CellState.BROKEN, State.MODIFIED: CellState.BROKEN,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
 import msgspec
@@ -31,6 +32,15 @@ SERIES_FILE = "series.toml"
 DEFAULT_PACKAGE = "vllm"
 
 
+class Action(StrEnum):
+    """What an edit does at each occurrence of its anchor (patch.toml's `action`)."""
+
+    REPLACE = "replace"
+    INSERT_BEFORE = "insert_before"
+    INSERT_AFTER = "insert_after"
+    ASSERT = "assert"  # changes nothing: the anchor must be there, count times
+
+
 @dataclass(frozen=True)
 class Edit:
     """One anchored change to one file of one package."""
@@ -38,7 +48,7 @@ class Edit:
     index: int  # 1-based position in its patch, for messages
     package: str
     candidates: tuple[str, ...]  # paths relative to the package root; exactly one must exist
-    action: str
+    action: Action
     anchor: str
     count: int
     text: str  # empty only for assert
@@ -47,11 +57,11 @@ class Edit:
     @property
     def applied_form(self) -> str:
         """What each anchor occurrence looks like once this edit is applied."""
-        if self.action == "insert_before":
+        if self.action == Action.INSERT_BEFORE:
             return self.text + self.anchor
-        if self.action == "insert_after":
+        if self.action == Action.INSERT_AFTER:
             return self.anchor + self.text
-        if self.action == "replace":
+        if self.action == Action.REPLACE:
             return self.text
         return self.anchor
 
@@ -212,7 +222,7 @@ def _edit(raw: EditTable, index: int, toml_path: Path, ranges: dict[str, Specifi
             raise PatchkitError(f"{where}: inserted text contains the anchor itself")
     # An edit may narrow the patch's range: one fix whose code moved between releases stays one patch.
     versions = _specifier(raw.versions, f"{where}: key 'versions'") if raw.versions is not None else None
-    return Edit(index, raw.package, _candidates(raw, where), raw.action, raw.anchor, raw.count, text, versions)
+    return Edit(index, raw.package, _candidates(raw, where), Action(raw.action), raw.anchor, raw.count, text, versions)
 
 
 def _edit_text(raw: EditTable, where: str, folder: Path) -> str:

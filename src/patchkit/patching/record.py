@@ -301,7 +301,7 @@ def record(patch: Patch, original: Path, edited: Path, *, versions: dict[str, st
 def _prove(candidate: Patch, source: DirectorySource, original: Path, edited: Path, changed: set,
            versions: dict[str, str]) -> None:
     """Planned onto ORIGINAL, the recorded patch gives EDITED byte for byte, and touches nothing else."""
-    from patchkit.patching import planner  # the proof uses the one engine that applies patches
+    from patchkit.patching import planner  # the proof uses the one planner that applies patches
 
     result = planner.plan([candidate], source, versions=versions)
     if not result.ok:

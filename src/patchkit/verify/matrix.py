@@ -1,7 +1,7 @@
 """`patchkit verify`: the patch set against upstream vLLM versions, as a matrix patch x version.
 
 Each version (a `targets.Target`) is opened as a source once; the full series and every image's own
-series are planned against it in memory by the engine (nothing is written). Index releases open in
+series are planned against it in memory by the planner (nothing is written). Index releases open in
 parallel, a few at a time (one per core and one waiting), and each is dropped once planned. Only the
 files the patches name are read, through the sources' caches: a warm run decompresses nothing.
 
@@ -32,7 +32,7 @@ from packaging.version import InvalidVersion, Version
 from patchkit import PINNED_VLLM
 from patchkit.errors import PatchkitError
 from patchkit.patching.patchset import Patch, PatchSet
-from patchkit.patching.planner import PatchResult, Plan, State, plan
+from patchkit.patching.planner import EditState, PatchResult, Plan, State, plan
 from patchkit.sources.base import Source
 from patchkit.sources.cache import SdistCache
 from patchkit.verify.states import CellState
@@ -57,12 +57,12 @@ class Column:
 @dataclass
 class Cell:
     state: CellState
-    result: PatchResult  # the engine's verdict within the full series
+    result: PatchResult  # the planner's verdict within the full series
     would: PatchResult | None = None  # out of range: the verdict with every range ignored
 
     @property
     def would_state(self) -> CellState | None:
-        return CellState.from_engine(self.would.state) if self.would is not None else None
+        return CellState.from_plan(self.would.state) if self.would is not None else None
 
     def summary(self) -> str:
         """One line: the state and, when it matters, why."""
@@ -74,9 +74,9 @@ class Cell:
         return f"{self.state}: {self.result.detail}" if self.result.detail else str(self.state)
 
     def diagnostics(self) -> str:
-        """The engine's account of each broken edit, nearest matches included ("" if no edit is broken)."""
+        """The planner's account of each broken edit, nearest matches included ("" if no edit is broken)."""
         for result in (self.result, self.would):
-            if result is not None and any(e.state == "broken" for e in result.edits):
+            if result is not None and any(e.state == EditState.BROKEN for e in result.edits):
                 return result.describe()
         return ""
 
@@ -212,7 +212,7 @@ def compute(
             relaxed = plan([_without_ranges(p) for p in full], source)
         for result in plans[patchset.order].results:
             would = relaxed.result(result.patch.id) if relaxed and result.state == State.OUT_OF_RANGE else None
-            cells[(result.patch.id, column.label)] = Cell(CellState.from_engine(result.state), result, would)
+            cells[(result.patch.id, column.label)] = Cell(CellState.from_plan(result.state), result, would)
         for name, ids in image_series.items():
             if ids not in plans:
                 plans[ids] = plan(patchset.series(ids), source)
@@ -304,7 +304,7 @@ def _image_cell(image_plan: Plan, cells: dict[tuple[str, str], Cell], label: str
     """
     blockers = []
     for result in image_plan.results:
-        state = CellState.from_engine(result.state)
+        state = CellState.from_plan(result.state)
         if state == CellState.BROKEN:
             blockers.append(f"{result.patch.id} broken")
         elif state == CellState.OUT_OF_RANGE:

@@ -16,7 +16,7 @@ from patchkit.verify.states import CellState
 
 
 def to_dict(matrix: Matrix) -> dict:
-    """Plain data for --json: every cell with the engine's account of its edits, images, findings."""
+    """Plain data for --json: every cell with the planner's account of its edits, images, findings."""
     from patchkit.patching.report import result_to_dict
 
     def cell_dict(cell: Cell) -> dict:

@@ -1,7 +1,7 @@
 """The states of a cell of the `patchkit verify` matrix, and how each one reads.
 
-A cell is the engine's verdict on one patch within the full series against one upstream version,
-in the matrix's own words: "applies" is the engine's not-applied (pending, and clean). An
+A cell is the planner's verdict on one patch within the full series against one upstream version,
+in the matrix's own words: "applies" is the planner's not-applied (pending, and clean). An
 out-of-range cell is evaluated again with every range ignored; its state there is what the patch
 "would" do (`CellState.would`, `CellState.would_short`).
 """
@@ -48,8 +48,8 @@ class CellState(enum.StrEnum):
         return self in (CellState.APPLIES, CellState.APPLIED)
 
     @classmethod
-    def from_engine(cls, state: State) -> CellState:
-        """The engine's state as the matrix shows it. Partial and modified are broken: a pristine upstream
+    def from_plan(cls, state: State) -> CellState:
+        """The planner's state as the matrix shows it. Partial and modified are broken: a pristine upstream
         tree holding half a patch, or an edited copy of its text, needs a person (the detail says which)."""
         if state == State.NOT_APPLIED:
             return cls.APPLIES

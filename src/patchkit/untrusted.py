@@ -63,6 +63,10 @@ LIMITS = {limit.kind: limit for limit in (
     Limit("inflated", 8 * GiB, "a wheel's members inflated, each and all together, while their RECORD hashes are checked (streamed, never held whole): vLLM 0.33.0's x86_64 wheel inflates to 835 MB, its largest member to 308 MB"),
     Limit("layer", 64 * GiB, "one image layer blob in a layout or the blob cache (read against its descriptor's size): a CUDA base's largest are a few GiB"),
     Limit("api-answer", 16 * MiB, "one answer of the served OpenAI API to the smoke (a chat completion of at most 512 tokens): a few KiB"),
+    Limit("github-answer", 4 * MiB, "one GitHub REST API answer (a pull request or issue object, from `gh api` or a recorded "
+          "file) for `patchkit upstream`: vLLM's are a few KiB, the body field included"),
+    Limit("run-record", 64 * MiB, "a recorded run read by `patchkit retire` and `bump body`: a test run's record "
+          "(tests/release_record.py: ~200 KiB for the whole suite), `rebase`/`verify`/`verify --kernels` --json"),
     Limit("tool-output", 16 * MiB, "what one host tool prints for `doctor --host` (nvidia-smi, nvcc --version, free -b, docker version): a few KiB"),
 )}
 

@@ -1,8 +1,9 @@
 """The `patchkit` command line: the `main` group and the commands it registers, one module per group.
 
 Each command parses its arguments, calls the library and renders a rich table or --json:
-cli/patching.py (list, check, diff, apply, revert, status, upstream), cli/build.py (build, mirrors),
-cli/variants.py (preflight, serve-args, smoke), cli/doctor.py, cli/verify.py, cli/wheel.py, cli/schemas.py.
+cli/patching.py (list, check, diff, apply, revert, status), cli/upstream.py (rebase, record, upstream,
+retire, bump), cli/build.py (build, mirrors), cli/variants.py (preflight, serve-args, smoke), cli/doctor.py,
+cli/verify.py, cli/wheel.py, cli/schemas.py.
 
 Exit codes: 0 success; 1 a patch does not apply or is broken (or, for verify, a regression);
 2 bad input or usage (malformed files, unknown names, unreachable sources). PatchkitGroup (cli/common.py)

@@ -1,15 +1,20 @@
-"""Following upstream: `rebase` (the patch set onto a new release, with evidence) and `record` (a hand-edited
-tree's difference as a patch's edits). cli/main.py registers COMMANDS.
+"""Following upstream: `rebase` (the patch set onto a new release, with evidence), `record` (a hand-edited
+tree's difference as a patch's edits), `upstream` (UPSTREAM.md, and the state of each patch's tracked
+upstream PRs and issues from GitHub's API), `retire` (which patches a release no longer needs, measured)
+and `bump` (the pull request of a release bump: the new releases, its body). cli/main.py registers COMMANDS.
 
 Exit codes: rebase 0 every broken edit rebased, the rebased series applies and its behaviour tests pass
 (or --no-tests said not to run them); 1 some edit needs a person (named, with the reason and the closest
 candidates), the rebased series does not apply, a test failed or its environment is missing;
 2 bad input. record 0 recorded and proven (applied onto ORIGINAL it gives EDITED byte for byte); 1 it
-cannot be recorded as anchored edits; 2 bad input. Nothing is written without --write.
+cannot be recorded as anchored edits; 2 bad input. Nothing is written without --write. upstream, retire
+and bump: 0 shown (a retirement proposal is information, not a failure); 2 bad input, a GitHub answer or a
+record of the wrong shape, gh failing.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -141,4 +146,138 @@ def record(patch_id, original, edited, write, assumed, patches_dir, as_json):
                       + ("written" if write else "nothing written (use --write)"), markup=False, highlight=False)
 
 
-COMMANDS = (rebase, record)
+
+
+@click.command("upstream")
+@click.option("--write", is_flag=True, help="Rewrite UPSTREAM.md beside the patches folder from the patch metadata (no API call).")
+@click.option("--answers", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
+              help="Recorded GitHub REST API answers (DIR/repos/OWNER/NAME/pulls/N.json) instead of `gh api`.")
+@click.option("--record", "record_to", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="With gh: keep each answer under DIR as well, to replay with --answers.")
+@click.option("--gh", default="gh", show_default=True, help="GitHub's CLI (authenticated by GH_TOKEN in a workflow).")
+@click.option("--patch", "patch_ids", multiple=True, metavar="ID", help="Only these patches (repeatable).")
+@patches_option
+@json_option
+def upstream(write, answers, record_to, gh, patch_ids, patches_dir, as_json):
+    """Each patch's tracked upstream PRs and issues with their state (open, closed, merged, and the release
+    a merge shipped in where known), read from GitHub's API; or, with --write, UPSTREAM.md."""
+    from patchkit.patching.patchset import load_patchset
+    from patchkit.patching.upstream import render
+    from patchkit.verify import upstream_state as us
+
+    patchset = load_patchset(patches_dir)
+    if write:
+        (patches_dir.parent / "UPSTREAM.md").write_text(render(patchset))
+        console.print(f"wrote {patches_dir.parent / 'UPSTREAM.md'}", markup=False, highlight=False)
+        return
+    if answers and record_to:
+        raise click.UsageError("--record keeps live answers; it does not go with --answers")
+    source = us.RecordedAnswers(answers) if answers else us.GhAnswers(gh, record_to)
+    patches = [patchset.patch(i) for i in patch_ids] if patch_ids else patchset.series()
+    states = us.tracked_states(patches, source)
+    if as_json:
+        emit(True, {"tracked": [s.to_dict() for s in states]})
+        return
+    from rich.table import Table
+
+    table = Table(title="tracked upstream changes (GitHub's answers)", title_justify="left")
+    for col in ("patch", "tracked", "title", "state", "released in"):
+        table.add_column(col)
+    for s in states:  # what each would fix: patch.toml, UPSTREAM.md, --json
+        released = f"{s.released_in} ({s.released_from})" if s.released_in else "-"
+        table.add_row(s.patch_id, f"{s.tracked.repo}#{s.tracked.number} {s.tracked.kind}", s.title, s.state, released)
+    console.print(table)
+    untracked = [p.id for p in patches if not p.tracked]
+    if untracked:
+        console.print("no upstream change tracked: " + ", ".join(untracked), markup=False, highlight=False)
+
+
+def _release(value: str) -> str:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return str(Version(value))
+    except InvalidVersion:
+        raise PatchkitError(f"--release {value!r} is not a version (expected e.g. 0.34.0)") from None
+
+
+@click.command("retire")
+@click.option("--release", required=True, metavar="VERSION", help="The vLLM release to measure the patches on.")
+@click.option("--source", "sources", multiple=True, metavar="SRC",
+              help="That release's sources for the [upstreamed] probes (default: vllm==VERSION from the index; repeatable).")
+@click.option("--results", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="The test runs' records (default: ~/.cache/patchkit/results, where nox writes them).")
+@patches_option
+@json_option
+def retire(release, sources, results, patches_dir, as_json):
+    """Which patches RELEASE no longer needs: a fired [upstreamed] probe, or behaviour tests that pass without
+    the patch (`nox -s patch-necessity`); each proposal names its evidence."""
+    from patchkit.patching.patchset import load_patchset
+    from patchkit.sources import combine_sources
+    from patchkit.sources.cache import default_cache_root
+    from patchkit.verify.retire import verdicts
+
+    release = _release(release)
+    opened = [_open(s) for s in (sources or (f"vllm=={release}",))]
+    source = opened[0] if len(opened) == 1 else combine_sources(opened)
+    found = source.versions().get("vllm")
+    if found != release:
+        raise PatchkitError(f"--source is vLLM {found or '(none)'}, not the release {release} being measured")
+    results = results or default_cache_root() / "results"
+    found_verdicts = verdicts(load_patchset(patches_dir).series(), release, source, results)
+    if as_json:
+        emit(True, {"release": release, "results": str(results), "verdicts": [v.to_dict() for v in found_verdicts]})
+        return
+    for v in found_verdicts:
+        console.print(f"{v.patch_id}: {v.verdict}", markup=False, highlight=False)
+        for e in v.evidence:
+            console.print(f"  {e.kind}: {e.text}" + (f" ({e.where})" if e.where else ""), markup=False, highlight=False)
+
+
+@click.group("bump")
+def bump() -> None:
+    """The pull request that bumps the patch set to a new vLLM release (the daily workflow opens it)."""
+
+
+@bump.command("releases")
+@click.option("--newer-than", default=PINNED_VLLM, show_default=True, metavar="VERSION")
+def bump_releases(newer_than):
+    """The final releases on the package index newer than VERSION, as a JSON list (the workflow's matrix)."""
+    from packaging.specifiers import SpecifierSet
+
+    from patchkit.sources.index import discover_releases
+
+    found = discover_releases("vllm", SpecifierSet(f">{_release(newer_than)}"))
+    click.echo(json.dumps([str(v) for v in found]))
+
+
+def _file(name: str, help_text: str):
+    return click.option(name, type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None, help=help_text)
+
+
+@bump.command("body")
+@click.option("--release", required=True, metavar="VERSION")
+@click.option("--rebase", "rebase_json", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
+              help="`patchkit rebase --to VERSION --json`'s output.")
+@click.option("--results", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
+              help="The test runs' records: vllm-VERSION.json and necessity/vllm-VERSION-*.json.")
+@_file("--retire", "`patchkit retire --release VERSION --json`'s output.")
+@_file("--verify", "`patchkit verify --versions VERSION --json`'s output.")
+@_file("--kernels", "`patchkit verify --kernels --versions VERSION --json`'s output.")
+@_file("--upstream", "`patchkit upstream --json`'s output.")
+@_file("--upstream-diff", "The diff of UPSTREAM.md the bump makes (empty: unchanged).")
+@click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write here, not to stdout.")
+def bump_body(release, rebase_json, results, retire, verify, kernels, upstream, upstream_diff, output):
+    """The pull request body of a bump to VERSION, from the run's records (Markdown)."""
+    from patchkit.verify.bump import body, load_run
+
+    run = load_run(_release(release), rebase_json, results=results, retire=retire, verify=verify, kernels=kernels,
+                   upstream=upstream, upstream_diff=upstream_diff)
+    text = body(run)
+    if output:
+        output.write_text(text)
+    else:
+        click.echo(text, nl=False)
+
+
+COMMANDS = (rebase, record, upstream, retire, bump)

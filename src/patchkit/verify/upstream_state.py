@@ -1,0 +1,209 @@
+"""The state of each patch's tracked upstream pull requests and issues (`[[upstream.tracked]]`), read from
+GitHub's REST API answers: open, closed, merged, and the release a merge shipped in where that is known.
+
+The answers come from `gh api repos/OWNER/NAME/pulls/N` (or `.../issues/N`), run here with the caller's
+token (the daily workflow's), or from a folder of recorded answers laid out as the API paths
+(`DIR/repos/OWNER/NAME/pulls/N.json`), which `--record DIR` writes from live ones. Either way an answer is
+untrusted: read bounded (the `github-answer` limit), decoded into the few fields used (msgspec, the
+documented schema's types), and checked to be the object that was asked for; anything else is exit 2.
+
+Schemas: https://docs.github.com/en/rest/pulls/pulls#get-a-pull-request and
+https://docs.github.com/en/rest/issues/issues#get-an-issue (an issue answer for a pull request carries
+`pull_request`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import msgspec
+
+from patchkit.errors import PatchkitError
+from patchkit.jsondata import decode
+from patchkit.patching.patchset import Patch
+from patchkit.patching.schema import TrackedTable
+from patchkit.patching.upstream import tracked_url
+from patchkit.untrusted import read_file, read_stream
+
+GH_TIMEOUT_S = 60.0
+_RELEASE = re.compile(r"v?(\d+(?:\.\d+)+(?:[a-z0-9.+-]*)?)")
+
+
+class Milestone(msgspec.Struct):
+    title: str
+
+
+class PullAnswer(msgspec.Struct):
+    """The fields of GitHub's pull request object this reads (the rest of the answer is ignored)."""
+
+    number: int
+    state: Literal["open", "closed"]
+    title: str
+    html_url: str
+    merged: bool
+    merged_at: str | None
+    closed_at: str | None
+    updated_at: str | None = None  # always sent by GitHub; a hand-written answer may not know it
+    milestone: Milestone | None = None
+
+
+class IssueAnswer(msgspec.Struct):
+    """The fields of GitHub's issue object this reads."""
+
+    number: int
+    state: Literal["open", "closed"]
+    title: str
+    html_url: str
+    closed_at: str | None
+    updated_at: str | None = None
+    state_reason: str | None = None  # completed | not_planned | reopened | duplicate, or null
+    milestone: Milestone | None = None
+    pull_request: dict | None = None  # present when the "issue" is a pull request
+
+
+class Answers(Protocol):
+    """Where answers come from: `read(api_path)` -> (the answer's bytes, where they came from)."""
+
+    def read(self, api_path: str) -> tuple[bytes, str]: ...
+
+
+class RecordedAnswers:
+    """A folder of recorded answers, one file per API path: `DIR/<api_path>.json`."""
+
+    def __init__(self, folder: Path):
+        if not folder.is_dir():
+            raise PatchkitError(f"--answers {folder}: not a directory of recorded GitHub API answers")
+        self.folder = folder
+
+    def read(self, api_path: str) -> tuple[bytes, str]:
+        path = self.folder / f"{api_path}.json"
+        if not path.exists():
+            raise PatchkitError(f"{path}: no recorded answer for {api_path}; record it with "
+                                f"`gh api {api_path} > {path}` (or `patchkit upstream --record {self.folder}`)")
+        return read_file(path, "github-answer"), str(path)
+
+
+class GhAnswers:
+    """Live answers from `gh api` (GitHub's CLI, authenticated by GH_TOKEN / GITHUB_TOKEN or its login).
+
+    Run by hand rather than through doctor's host commands: only standard output is the answer (gh's
+    notes on standard error must not be read as JSON), bounded while it is read, killed at a timeout."""
+
+    def __init__(self, gh: str = "gh", record_to: Path | None = None):
+        self.gh, self.record_to = gh, record_to
+
+    def read(self, api_path: str) -> tuple[bytes, str]:
+        what = f"`{self.gh} api {api_path}`"
+        with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty stderr cannot stall the read
+            try:
+                proc = subprocess.Popen([self.gh, "api", api_path], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=errors, start_new_session=True)
+            except OSError as exc:
+                raise PatchkitError(f"{what}: cannot run GitHub's CLI ({exc.strerror or exc}); install gh, or read "
+                                    "recorded answers with --answers DIR") from None
+            timer = threading.Timer(GH_TIMEOUT_S, lambda: _kill(proc))
+            timer.start()
+            try:
+                data = read_stream(proc.stdout, "github-answer", what)
+            except BaseException:
+                _kill(proc)
+                raise
+            finally:
+                timer.cancel()
+                proc.stdout.close()
+                proc.wait()
+            errors.seek(0)
+            err = errors.read(4096)
+        if proc.returncode != 0:
+            detail = err.decode("utf-8", "replace").strip()[-500:] or (
+                f"killed after {GH_TIMEOUT_S:.0f} s" if proc.returncode < 0 else f"exit status {proc.returncode}")
+            raise PatchkitError(f"{what} failed: {detail}")
+        if self.record_to is not None:  # replayable later with --answers
+            path = self.record_to / f"{api_path}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        return data, what
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+@dataclass(frozen=True)
+class TrackedState:
+    """One tracked PR or issue of one patch, as GitHub answered."""
+
+    patch_id: str
+    tracked: TrackedTable
+    state: str  # open | merged | closed | closed (completed) | closed (not planned) | ...
+    title: str
+    url: str
+    updated_at: str | None
+    closed_at: str | None  # merged_at for a merge
+    released_in: str | None  # the release a merge shipped in, where known
+    released_from: str  # how that is known: "milestone" | "patch.toml" | ""
+    source: str  # the answer's file or command
+
+    def to_dict(self) -> dict:
+        return {"patch": self.patch_id, "repo": self.tracked.repo, "number": self.tracked.number,
+                "kind": self.tracked.kind, "fixes": self.tracked.fixes, "state": self.state, "title": self.title,
+                "url": self.url, "updated_at": self.updated_at, "closed_at": self.closed_at,
+                "released_in": self.released_in, "released_from": self.released_from, "source": self.source}
+
+
+def api_path(tracked: TrackedTable) -> str:
+    return f"repos/{tracked.repo}/{'pulls' if tracked.kind == 'pr' else 'issues'}/{tracked.number}"
+
+
+def read_state(patch: Patch, tracked: TrackedTable, answers: Answers) -> TrackedState:
+    """The state of one tracked entry; an answer of the wrong shape or for another object is exit 2."""
+    path = api_path(tracked)
+    data, source = answers.read(path)
+    answer = decode(data, PullAnswer if tracked.kind == "pr" else IssueAnswer, f"GitHub's answer for {path} ({source})")
+    expected = tracked_url(tracked)
+    if answer.number != tracked.number or answer.html_url.lower() != expected.lower():
+        if isinstance(answer, IssueAnswer) and answer.pull_request is not None:
+            raise PatchkitError(f"{patch.folder / 'patch.toml'}: {tracked.repo}#{tracked.number} is tracked as an "
+                                f"issue but GitHub answers a pull request ({answer.html_url}): set kind = \"pr\"")
+        raise PatchkitError(f"{source}: GitHub's answer is #{answer.number} at {answer.html_url}, not the "
+                            f"{tracked.kind} asked for ({expected}); moved or renamed? update {patch.folder / 'patch.toml'}")
+    if isinstance(answer, PullAnswer):
+        state = "merged" if answer.merged else answer.state
+        closed = answer.merged_at if answer.merged else answer.closed_at
+    else:
+        reason = (answer.state_reason or "").replace("_", " ")
+        state = f"closed ({reason})" if answer.state == "closed" and reason else answer.state
+        closed = answer.closed_at
+    released, released_from = None, ""
+    if state == "merged" or state == "closed (completed)":
+        released, released_from = _release_of(patch, tracked, answer.milestone)
+    return TrackedState(patch.id, tracked, state, answer.title, answer.html_url, answer.updated_at, closed,
+                        released, released_from, source)
+
+
+def _release_of(patch: Patch, tracked: TrackedTable, milestone: Milestone | None) -> tuple[str | None, str]:
+    """The release a merge shipped in: the API's milestone when it names a version, else the patch's own
+    record (`upstream.state = "merged-in-X"` with `upstream.url` naming this entry), which its
+    [upstreamed] probe checks against the released sources. GitHub's answer says nothing more."""
+    if milestone is not None and (m := _RELEASE.fullmatch(milestone.title.strip())):
+        return m.group(1), "milestone"
+    state, url = patch.upstream.get("state", ""), patch.upstream.get("url", "")
+    if state.startswith("merged-in-") and url.rstrip("/").lower() == tracked_url(tracked).lower():
+        return state.removeprefix("merged-in-"), "patch.toml"
+    return None, ""
+
+
+def tracked_states(patches: list[Patch], answers: Answers) -> list[TrackedState]:
+    """Every tracked entry of every patch, in series order."""
+    return [read_state(p, t, answers) for p in patches for t in p.tracked]

@@ -12,7 +12,7 @@ import pytest
 import safetensors
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.checkpoint import (
+from patchkit.checkpoint.headers import (
     TensorInfo,
     format_of,
     inventory,
@@ -23,7 +23,7 @@ from patchkit.variants.checkpoint import (
     verify_identity,
 )
 from patchkit.variants.definitions import Pins
-from patchkit.variants.smoke.cpu import (
+from patchkit.smoke.cpu import (
     LAYOUTS,
     REAL_DIMS,
     TINY_DIMS,

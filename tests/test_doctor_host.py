@@ -25,7 +25,7 @@ from hostile import assert_no_crash, assert_refused, run_patchkit
 from sshd import SshServer
 
 from patchkit.variants.definitions import find_variant
-from patchkit.variants.host import (
+from patchkit.spark.checks import (
     GPU_QUERY,
     NOT_FOUND,
     Output,

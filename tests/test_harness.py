@@ -17,8 +17,8 @@ import pytest
 
 from patchkit.errors import PatchkitError
 from patchkit.variants.definitions import ProbeRow, find_variant
-from patchkit.variants.serve import serve_command
-from patchkit.variants.smoke.hardware import (
+from patchkit.checkpoint.serve import serve_command
+from patchkit.smoke.hardware import (
     MIN_MAX_TOKENS,
     PROBE_PROMPT,
     chat,
@@ -26,8 +26,8 @@ from patchkit.variants.smoke.hardware import (
     run_smoke,
     wait_healthy,
 )
-from patchkit.variants.smoke.causes import find_causes
-from patchkit.variants.smoke.judge import judge_log
+from patchkit.bootlog.causes import find_causes
+from patchkit.bootlog.judge import judge_log
 
 LOGS = Path(__file__).parent / "data" / "boot-logs"
 IMAGES = Path(__file__).resolve().parents[1] / "images"

@@ -16,8 +16,8 @@ import pytest
 
 from patchkit.sources import SdistCache
 from patchkit.sources.release import open_release
-from patchkit.variants.smoke.causes import CAUSES, find_causes
-from patchkit.variants.smoke.markers import MARKER, MARKERS, RELEASES, parse_boot_log
+from patchkit.bootlog.causes import CAUSES, find_causes
+from patchkit.bootlog.markers import MARKER, MARKERS, RELEASES, parse_boot_log
 
 REPO = Path(__file__).resolve().parents[1]
 DAY0_BOOT = REPO / "tests/data/boot-logs/public/sfxnz-nvidia-dflash2-good-boot.log"  # a real day-0 base boot
@@ -142,7 +142,7 @@ def test_a_log_streamed_from_its_file_reads_as_its_text(path):
 def test_a_long_serving_log_keeps_bounded_lists_and_exact_totals():
     """Millions of SpecDecoding lines (a days-long capture, or a hostile one) cost no more memory than a
     thousand: the kept lists are bounded, the counts and the acceptance over every interval exact."""
-    from patchkit.variants.smoke.markers import KEEP_FIRST, KEEP_LAST
+    from patchkit.bootlog.markers import KEEP_FIRST, KEEP_LAST
 
     sample, n = MARKER["spec-metrics"].sample, 3 * KEEP_LAST + 5
     log = ((line, False) for line in [MARKER["architecture"].sample] * 50 + [sample] * n)

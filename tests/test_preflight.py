@@ -10,10 +10,10 @@ import pytest
 from rich.console import Console
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.checkpoint import sha256_bytes
+from patchkit.checkpoint.headers import sha256_bytes
 from patchkit.variants.definitions import Pins, find_variant
-from patchkit.variants.preflight import GB10_MEMORY_GIB, preflight
-from patchkit.variants.smoke.cpu import LAYOUTS, REAL_DIMS, TINY_DIMS, write_header_set
+from patchkit.checkpoint.preflight import GB10_MEMORY_GIB, preflight
+from patchkit.smoke.cpu import LAYOUTS, REAL_DIMS, TINY_DIMS, write_header_set
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
 DATA = Path(__file__).parent / "data" / "quant-configs"
@@ -172,7 +172,7 @@ def test_a_partly_pinned_variant_is_named_but_never_detected(tmp_path):
 def test_the_synthetic_redhat_config_is_the_reconstructed_record(tmp_path):
     """The synthetic redhat layout (what preflight tests and the CPU smoke use) writes exactly the
     reconstructed public quantization_config: groups, targets, format, ignore cannot drift apart."""
-    from patchkit.variants.smoke.synthetic_config import compressed_tensors_config
+    from patchkit.smoke.synthetic_config import compressed_tensors_config
 
     assert compressed_tensors_config() == REDHAT_QC
     written = json.loads((make(tmp_path, "redhat") / "config.json").read_text())["quantization_config"]
@@ -194,7 +194,7 @@ def test_redhat_mixed_precision_layout_passes_group_by_group(tmp_path):
 
 
 def test_compressed_tensors_ignore_and_fused_shards(tmp_path):
-    from patchkit.variants.quant_config import CompressedTensors
+    from patchkit.checkpoint.quant_config import CompressedTensors
 
     quant = {"format": "nvfp4-pack-quantized", "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float"}}},
              "ignore": ["re:.*shared_experts.*", "model.language_model.layers.0.mlp.gate_proj"]}
@@ -219,7 +219,7 @@ def test_the_mirror_matches_vllms_own_resolution_on_the_real_config():
     )
     from vllm.model_executor.models.glm4_1v import Glm4vForConditionalGeneration
 
-    from patchkit.variants.quant_config import PACKED_MODULES, CompressedTensors
+    from patchkit.checkpoint.quant_config import PACKED_MODULES, CompressedTensors
 
     extra = {"re:.*shared_experts.*": None}
     for quant in (REDHAT_QC, {**REDHAT_QC, "ignore": [*REDHAT_QC["ignore"], *extra, "model.language_model.layers.1.mlp.gate_proj",

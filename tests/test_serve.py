@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.checkpoint import sha256_bytes
+from patchkit.checkpoint.headers import sha256_bytes
 from patchkit.variants.definitions import find_variant, load_variants
-from patchkit.variants.mtp_ignore import (
+from patchkit.checkpoint.mtp_ignore import (
     extended_quantization_config,
     hf_overrides,
     patterns,
     predictor_layers,
 )
-from patchkit.variants.serve import serve_args, serve_command
-from patchkit.variants.smoke.cpu import LAYOUTS, TINY_DIMS, write_header_set
+from patchkit.checkpoint.serve import serve_args, serve_command
+from patchkit.smoke.cpu import LAYOUTS, TINY_DIMS, write_header_set
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
 

@@ -1,4 +1,4 @@
-"""The serving-correctness judgement (variants/smoke/serving.py) on recorded chat completion responses
+"""The serving-correctness judgement (smoke/serving.py) on recorded chat completion responses
 (tests/data/serving/responses.json: public ones where they exist, the rest hand-written and marked), and
 on hostile bodies, which are refused with the JSON path of what is wrong."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from patchkit.jsondata import MalformedJson
-from patchkit.variants.smoke.serving import PROBE_MAX_TOKENS, PROBES, judge_completion
+from patchkit.smoke.serving import PROBE_MAX_TOKENS, PROBES, judge_completion
 
 RESPONSES = json.loads((Path(__file__).parent / "data" / "serving" / "responses.json").read_text())["responses"]
 

@@ -17,14 +17,14 @@ import pytest
 
 from patchkit import PINNED_VLLM
 from patchkit.variants.definitions import load_variants
-from patchkit.variants.smoke.cpu import _job, build_checkpoints, smoke_cpu
-from patchkit.variants.smoke.load_check import judge
-from patchkit.variants.smoke.quantprobe import SRC, probe_prefixes, quantprobe
-from patchkit.variants.smoke.synthetic_config import (
+from patchkit.smoke.cpu import _job, build_checkpoints, smoke_cpu
+from patchkit.smoke.load_check import judge
+from patchkit.smoke.quantprobe import SRC, probe_prefixes, quantprobe
+from patchkit.smoke.synthetic_config import (
     hf_quant_config,
     modelopt_config_json,
 )
-from patchkit.variants.smoke.synthetic_layout import LAYOUTS, TINY_DIMS, modules
+from patchkit.smoke.synthetic_layout import LAYOUTS, TINY_DIMS, modules
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
 PATCHES = IMAGES.parent / "patches"

@@ -1,4 +1,4 @@
-"""patchkit.variants.spelling: which tensor-name spelling a checkpoint's index holds, and which images load it.
+"""patchkit.checkpoint.spelling: which tensor-name spelling a checkpoint's index holds, and which images load it.
 
 The names are hand-written in the two spellings of one KDA decoder layer with hyper-connections and one
 MLA layer (model.language_model.layers.N.*, the multimodal spelling the checkpoints use): the flat
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import load_images
 from patchkit.patching.patchset import load_patchset
-from patchkit.variants.spelling import INDEX, SHIM, read_spelling, spelling_of
+from patchkit.checkpoint.spelling import INDEX, SHIM, read_spelling, spelling_of
 
 ROOT = Path(__file__).resolve().parents[1]
 P = "model.language_model.layers"

@@ -13,7 +13,7 @@ import pytest
 from patchkit.errors import PatchkitError
 from patchkit.variants.definitions import PINNED_KV_BYTES, find_variant, load_variant, load_variants
 from patchkit.variants.pins import resolve_pins
-from patchkit.variants.quant_methods import check_method
+from patchkit.vllm_rules import check_method
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = REPO / "images"

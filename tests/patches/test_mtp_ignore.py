@@ -22,7 +22,7 @@ from quant_configs import (
 )
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.mtp_ignore import hf_overrides
+from patchkit.checkpoint.mtp_ignore import hf_overrides
 
 ENV = {"HF_HUB_OFFLINE": "1"}
 SPELLINGS_45 = [

@@ -1,7 +1,7 @@
 """`patchkit doctor LOG [--variant V] [--json]`: judge a recorded boot log offline; `patchkit doctor --host
-[ssh://HOST]`: check a Spark's prerequisites before the first serve (variants/host.py).
+[ssh://HOST]`: check a Spark's prerequisites before the first serve (spark/checks.py).
 
-The same judgement the live smoke makes (variants/smoke/judge.py): the fatal cause with the line that
+The same judgement the live smoke makes (bootlog/judge.py): the fatal cause with the line that
 showed it and its fix, the weight and KV markers in every format the base and the releases print, the
 speculator that attached and its acceptance, and, with --variant, the variant's expectations.
 A recorded log is all there is, so one that ends without 'Application startup complete' is a boot that
@@ -99,7 +99,7 @@ def _render_hosts(reports) -> None:
 
 def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, as_json) -> None:
     from patchkit.variants.definitions import find_variant
-    from patchkit.variants.host import check_host, commands_for
+    from patchkit.spark.checks import check_host, commands_for
 
     chosen = find_variant(variant, images_home()) if variant else None
     runners = [commands_for(h) for h in hosts]  # every --host parsed before any command runs
@@ -142,7 +142,7 @@ def doctor(log, hosts, image, checkpoint, kv_cache_dtype, variant, quantprobe, b
     if image or checkpoint or kv_cache_dtype:
         raise PatchkitError("--image, --checkpoint and --kv-cache-dtype go with --host")
     from patchkit.variants.definitions import find_variant
-    from patchkit.variants.smoke.judge import judge_log
+    from patchkit.bootlog.judge import judge_log
 
     # Unknown by default: every image carries the patch, but only the live smoke knows the switch was on.
     chosen = find_variant(variant, images_home()) if variant else None

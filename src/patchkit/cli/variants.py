@@ -38,7 +38,7 @@ def preflight(path, variant, tp, pin_config, pin_index, as_json):
     """Will this checkpoint load? Identity pins first, then safetensors headers only (no tensor data)."""
     from patchkit.cli.doctor import image_series
     from patchkit.variants.definitions import find_variant
-    from patchkit.variants.preflight import preflight as run
+    from patchkit.checkpoint.preflight import preflight as run
 
     images = images_home()
     report_ = run(path, variant=find_variant(variant, images) if variant else None, tp=tp,
@@ -60,7 +60,7 @@ def preflight(path, variant, tp, pin_config, pin_index, as_json):
 def serve_args_cmd(variant, checkpoint, model, pin_config, pin_index, as_json):
     """The vLLM command line (and environment) for VARIANT; overrides only from a verified checkpoint."""
     from patchkit.variants.definitions import find_variant
-    from patchkit.variants.serve import serve_args
+    from patchkit.checkpoint.serve import serve_args
 
     command = serve_args(find_variant(variant, images_home()), checkpoint,
                          pin_config, pin_index, model)
@@ -116,7 +116,7 @@ def _smoke_cpu(variants, vllm_python, workdir, series, as_json) -> bool:
     import tempfile
 
     from patchkit.patching.copies import installed_package, reuse_or_copy
-    from patchkit.variants.smoke.cpu import smoke_cpu
+    from patchkit.smoke.cpu import smoke_cpu
 
     python = vllm_python or sys.executable
     work = Path(workdir or tempfile.mkdtemp(prefix="patchkit-smoke-"))
@@ -141,8 +141,8 @@ def _smoke_cpu(variants, vllm_python, workdir, series, as_json) -> bool:
 def _smoke_hosts(variants, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr, pin_config,
                  pin_index, as_json, gpus="auto", boot_timeout=None, health_interval=5.0) -> bool:
     from patchkit.cli.doctor import image_carries_quantprobe
-    from patchkit.variants.serve import serve_args
-    from patchkit.variants.smoke.hardware import DockerRunner, host_name, run_smoke
+    from patchkit.checkpoint.serve import serve_args
+    from patchkit.smoke.hardware import DockerRunner, host_name, run_smoke
 
     if len(variants) != 1 or not image:
         raise PatchkitError("a hardware smoke takes one variant and --image")

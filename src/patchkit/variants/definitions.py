@@ -71,7 +71,7 @@ import msgspec
 
 from patchkit import CHECKOUT, tomlschema
 from patchkit.errors import PatchkitError
-from patchkit.variants.quant_methods import check_method, expected_method
+from patchkit.vllm_rules import check_method, expected_method
 from patchkit.variants.schema import CheckpointTable, ExpectTable, ServeTable, VariantFile
 
 VARIANT_FILE = "variant.toml"

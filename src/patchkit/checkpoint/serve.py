@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.checkpoint import VerifiedCheckpoint, verify_identity
+from patchkit.checkpoint.headers import VerifiedCheckpoint, verify_identity
 from patchkit.variants.definitions import Variant
-from patchkit.variants.mtp_ignore import hf_overrides
+from patchkit.checkpoint.mtp_ignore import hf_overrides
 from patchkit.variants.pins import resolve_pins
-from patchkit.variants.quant_config import read_declared
+from patchkit.checkpoint.quant_config import read_declared
 
 
 @dataclass(frozen=True)

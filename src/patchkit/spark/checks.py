@@ -38,7 +38,7 @@ from typing import Protocol
 from patchkit.errors import PatchkitError
 from patchkit.untrusted import read_stream
 from patchkit.variants.definitions import Variant
-from patchkit.variants.preflight import ACTIVATION_RESERVE_GIB
+from patchkit.checkpoint.preflight import ACTIVATION_RESERVE_GIB
 
 GIB = 1 << 30
 SPARK_ARCH = "aarch64"

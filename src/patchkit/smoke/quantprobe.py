@@ -11,14 +11,14 @@ import sys
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.smoke.synthetic_layout import PREFIX, Dims, Layout, is_kda
+from patchkit.smoke.synthetic_layout import PREFIX, Dims, Layout, is_kda
 
-SRC = Path(__file__).resolve().parents[3]  # the directory holding the patchkit package
+SRC = Path(__file__).resolve().parents[2]  # the directory holding the patchkit package
 
 
 def run_worker(python: str, args: list[str], pythonpath: list[Path], timeout: int) -> str:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in pythonpath), VLLM_LOGGING_LEVEL="ERROR")
-    proc = subprocess.run([python, "-m", "patchkit.variants.smoke.cpu", *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    proc = subprocess.run([python, "-m", "patchkit.smoke.cpu", *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
     if proc.returncode != 0:
         raise PatchkitError(f"smoke worker {args[0]} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return proc.stdout

@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from patchkit.variants.smoke.markers import ANSI, PHASES, log_lines, shown
+from patchkit.bootlog.markers import ANSI, PHASES, log_lines, shown
 
 
 # What gives a phase that ran out of unified memory its headroom (one wording for every memory kill).
@@ -210,7 +210,7 @@ class CauseReader:
             return Found("unrecognised-error", shown(line), n, True,
                          f"the boot logged an error in the {phase} phase that no cause in the table names",
                          "read the traceback around this line (the first error is usually the root cause); once "
-                         "understood, add it to the cause table (variants/smoke/causes.py) with its fix", None)
+                         "understood, add it to the cause table (bootlog/causes.py) with its fix", None)
         n, last = self.last[0], shown(self.last[1])
         if process == "running":
             return Found("still-booting", last, n, True,

@@ -30,7 +30,7 @@ from patchkit.errors import PatchkitError
 from patchkit.jsondata import MalformedJson, decode, load_json_object
 from patchkit.untrusted import InputTooLarge, limit_of, open_regular, read_file
 from patchkit.variants.definitions import Pins
-from patchkit.variants.shapes import TensorEntry, conform
+from patchkit.checkpoint.shapes import TensorEntry, conform
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"

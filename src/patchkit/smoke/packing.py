@@ -1,6 +1,6 @@
 """Packing the tiny checkpoint with the reference code (worker, in the ModelOpt environment): ModelOpt's
 NVFP4/MXFP8 quantizers and config converter, compressed-tensors' NVFP4 compressor. Run as
-`python -m patchkit.variants.smoke.cpu pack ...`; torch and the packers are imported only inside."""
+`python -m patchkit.smoke.cpu pack ...`; torch and the packers are imported only inside."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import json
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.smoke.synthetic_config import (
+from patchkit.smoke.synthetic_config import (
     compressed_tensors_config,
     config_json,
     hf_quant_config,
 )
-from patchkit.variants.smoke.synthetic_layout import LAYOUTS, TINY_DIMS, Linear, modules
+from patchkit.smoke.synthetic_layout import LAYOUTS, TINY_DIMS, Linear, modules
 
 INPUT_SCALE = 0.5 / (6 * 448)  # a calibrated static activation scale: amax 0.5 over e2m1 max x e4m3 max
 

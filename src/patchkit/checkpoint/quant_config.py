@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import load_json_object
 from patchkit.untrusted import read_file
-from patchkit.variants.checkpoint import sha256_bytes
-from patchkit.variants.shapes import HfQuantConfig, QuantTable, conform
+from patchkit.checkpoint.headers import sha256_bytes
+from patchkit.checkpoint.shapes import HfQuantConfig, QuantTable, conform
 
 if TYPE_CHECKING:
     from patchkit.variants.definitions import Variant

@@ -39,9 +39,9 @@ from patchkit import __version__
 from patchkit.errors import PatchkitError
 from patchkit.untrusted import InputTooLarge, limit_of, read_stream
 from patchkit.variants.definitions import Variant
-from patchkit.variants.serve import ServeCommand
-from patchkit.variants.smoke.causes import find_causes
-from patchkit.variants.smoke.judge import Finding, judge_log
+from patchkit.checkpoint.serve import ServeCommand
+from patchkit.bootlog.causes import find_causes
+from patchkit.bootlog.judge import Finding, judge_log
 
 QUANTPROBE_PATCH = "quantprobe"  # the opt-in patch printing [quantprobe] lines when PATCHKIT_QUANTPROBE=1
 

@@ -4,7 +4,7 @@ the real vLLM quantization code and judged against the variant's expected rows.
 The parts, one module each: synthetic_layout (the checkpoint as stored), synthetic_config (its
 config.json and header-only shards), packing (ModelOpt/compressed-tensors worker), quantprobe (the
 vLLM worker), load_check (the judgement). This module is the smoke itself and the workers' entry point
-(`python -m patchkit.variants.smoke.cpu pack|probe ...`), so it imports only the standard library and
+(`python -m patchkit.smoke.cpu pack|probe ...`), so it imports only the standard library and
 patchkit's stdlib-only modules at the top.
 """
 
@@ -15,32 +15,32 @@ import sys
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.smoke.load_check import SmokeReport, judge
-from patchkit.variants.smoke.quantprobe import (
+from patchkit.smoke.load_check import SmokeReport, judge
+from patchkit.smoke.quantprobe import (
     SRC,
     probe_prefixes,
     quantprobe,
     run_worker,
 )
-from patchkit.variants.smoke.synthetic_layout import LAYOUTS, TINY_DIMS
+from patchkit.smoke.synthetic_layout import LAYOUTS, TINY_DIMS
 
 # Kept for the modules that import the checkpoint model from here (tests/test_checkpoint.py,
 # test_preflight.py, test_serve.py); new code imports synthetic_layout / synthetic_config directly.
-from patchkit.variants.smoke.synthetic_config import write_header_set  # noqa: F401  isort: skip
-from patchkit.variants.smoke.synthetic_layout import REAL_DIMS, modules, tensor_headers  # noqa: F401  isort: skip
+from patchkit.smoke.synthetic_config import write_header_set  # noqa: F401  isort: skip
+from patchkit.smoke.synthetic_layout import REAL_DIMS, modules, tensor_headers  # noqa: F401  isort: skip
 
 
 def _job(variant, workdir: Path, exclude_mtp: bool | None = None) -> tuple[dict, dict[str, str]]:
     """Identity, then the serve override from the verified config, then the stored formats: the same
     path serve-args takes. `exclude_mtp=False` withholds the override (to show what it fixes)."""
-    from patchkit.variants.checkpoint import (
+    from patchkit.checkpoint.headers import (
         inventory,
         read_headers,
         sha256_bytes,
         verify_identity,
     )
     from patchkit.variants.definitions import Pins
-    from patchkit.variants.mtp_ignore import hf_overrides
+    from patchkit.checkpoint.mtp_ignore import hf_overrides
 
     ckpt = workdir / variant.name
     pins = Pins(sha256_bytes((ckpt / "config.json").read_bytes()), sha256_bytes((ckpt / "model.safetensors.index.json").read_bytes()))
@@ -80,17 +80,17 @@ def smoke_cpu(
 
 def _main(argv: list[str]) -> int:
     if argv[:1] == ["pack"] and len(argv) >= 3:
-        from patchkit.variants.smoke.packing import pack
+        from patchkit.smoke.packing import pack
 
         for name in argv[2:]:
             pack(name, Path(argv[1]) / name)
         return 0
     if argv[:1] == ["probe"] and len(argv) == 2:
-        from patchkit.variants.smoke.quantprobe import probe
+        from patchkit.smoke.quantprobe import probe
 
         print(json.dumps(probe(json.loads(Path(argv[1]).read_text()))))
         return 0
-    print("usage: python -m patchkit.variants.smoke.cpu pack WORKDIR VARIANT... | probe JOBS.json", file=sys.stderr)
+    print("usage: python -m patchkit.smoke.cpu pack WORKDIR VARIANT... | probe JOBS.json", file=sys.stderr)
     return 2
 
 

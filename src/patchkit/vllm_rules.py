@@ -9,7 +9,9 @@ one hides the real loader from whoever reads the command line. We refuse the wro
 from __future__ import annotations
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.schema import CHECKPOINT_FORMATS
+
+# The quantization_config.quant_method values whose loader routes a layout to a method below.
+LOADER_FORMATS = ("modelopt", "compressed-tensors")
 
 # Which vLLM 0.33 quantization method owns each ModelOpt quant_algo.
 MODELOPT_METHODS: dict[str, str] = {
@@ -35,7 +37,7 @@ def expected_method(fmt: str, quant_algo: str) -> str:
                 f"(known: {', '.join(sorted(MODELOPT_METHODS))})"
             )
         return method
-    raise PatchkitError(f"checkpoint format {fmt!r} is not one of {', '.join(CHECKPOINT_FORMATS)}")
+    raise PatchkitError(f"checkpoint format {fmt!r} is not one of {', '.join(LOADER_FORMATS)}")
 
 
 def check_method(fmt: str, quant_algo: str, method: str, where: str) -> None:

@@ -18,7 +18,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.checkpoint import (
+from patchkit.checkpoint.headers import (
     CONFIG,
     INDEX,
     Inventory,
@@ -31,10 +31,10 @@ from patchkit.variants.checkpoint import (
     verify_identity,
 )
 from patchkit.variants.definitions import Variant, load_variants
-from patchkit.variants.mtp_ignore import extended_quantization_config
+from patchkit.checkpoint.mtp_ignore import extended_quantization_config
 from patchkit.variants.pins import resolve_pins
-from patchkit.variants.quant_config import CompressedTensors, ct_algo, read_declared
-from patchkit.variants.spelling import spelling_of, weight_map_names
+from patchkit.checkpoint.quant_config import CompressedTensors, ct_algo, read_declared
+from patchkit.checkpoint.spelling import spelling_of, weight_map_names
 
 GIB = 1024**3
 GB10_MEMORY_GIB = 121.63  # unified memory per DGX Spark node

@@ -22,7 +22,7 @@ from typing import Annotated
 import msgspec
 
 from patchkit.jsondata import decode
-from patchkit.variants.smoke.judge import Finding
+from patchkit.bootlog.judge import Finding
 
 THINK_TAGS = ("<think>", "</think>")
 REPLACEMENT = "\ufffd"

@@ -10,7 +10,7 @@ import struct
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.smoke.synthetic_layout import (
+from patchkit.smoke.synthetic_layout import (
     PREFIX,
     Dims,
     Layout,
@@ -167,7 +167,7 @@ def config_json(layout: Layout, d: Dims, mods: list[Linear]) -> dict:
 
 
 def _header_bytes(tensors: dict[str, tuple[str, tuple[int, ...]]]) -> tuple[bytes, int]:
-    from patchkit.variants.checkpoint import DTYPE_BITS
+    from patchkit.checkpoint.headers import DTYPE_BITS
 
     header, offset = {}, 0
     for name, (dtype, shape) in tensors.items():

@@ -1,5 +1,5 @@
 """The patching commands: `list`, `check` and `diff` read a source; `apply`, `revert` and `status` work on a
-target tree under its lock. cli/main.py registers them (COMMANDS).
+target tree under its lock; `upstream` renders UPSTREAM.md. cli/main.py registers them (COMMANDS).
 
 Exit codes: 0 success; 1 a patch does not apply or is broken; 2 bad input or usage.
 """
@@ -186,4 +186,18 @@ def status(target, patches_dir, series, assumed, as_json, wait):
     sys.exit(0 if plan.ok else 1)
 
 
-COMMANDS = (list_cmd, check, diff, apply, revert, status)  # `upstream`: cli/upstream.py
+@click.command()
+@patches_option
+@click.option("--write", is_flag=True, help="Rewrite UPSTREAM.md beside the patches folder.")
+def upstream(patches_dir, write):
+    """UPSTREAM.md from the patch metadata (printed, or written with --write)."""
+    from patchkit.patching.upstream import render
+
+    text = render(load_patchset(patches_dir))
+    if write:
+        (patches_dir.parent / "UPSTREAM.md").write_text(text)
+    else:
+        click.echo(text, nl=False)
+
+
+COMMANDS = (list_cmd, check, diff, apply, revert, status, upstream)

@@ -1,4 +1,6 @@
-"""The engine: (series, source) -> Plan. Pure: it reads through the Source and writes nothing.
+"""The planner: (series, source) -> Plan. It reads through the Source and writes nothing the plan
+depends on (the only write is syntax.py's cache of files known to compile: a hit saves a compile and
+changes no answer).
 
 check, apply, revert, status, diff, verify and image builds are all this one computation with
 different ends. Every anchor is asserted with its exact count against the text as the series has
@@ -16,7 +18,7 @@ from packaging.version import InvalidVersion, Version
 from patchkit.errors import PatchFailed
 from patchkit.patching.diagnostics import NearestMatch, nearest_match, occurrence_lines
 from patchkit.patching.modified import edited_text
-from patchkit.patching.patchset import Edit, Patch, Probe
+from patchkit.patching.patchset import Action, Edit, Patch, Probe
 from patchkit.patching.syntax import syntax_error
 from patchkit.sources.base import Source, read_many
 
@@ -35,10 +37,27 @@ class State(StrEnum):
 ERROR_STATES = (State.BROKEN, State.PARTIAL, State.MODIFIED)
 
 
+class EditState(StrEnum):
+    """One edit's state in the text at hand."""
+
+    APPLIED = "applied"    # its applied form is there, count times
+    PENDING = "pending"    # its anchor is there, count times, and nothing of it is applied
+    HOLDS = "holds"        # an assert whose anchor is there, count times
+    BROKEN = "broken"      # none of the above: the detail says what was expected and found
+    MODIFIED = "modified"  # its text is there, edited by hand
+
+
+class Mode(StrEnum):
+    """What a plan does to the patches it finds pending (apply) or applied (revert)."""
+
+    APPLY = "apply"
+    REVERT = "revert"
+
+
 @dataclass
 class EditResult:
     edit: Edit
-    state: str  # applied | pending | holds | broken | modified
+    state: EditState
     path: str | None = None  # the candidate that exists
     found: int = 0
     lines: list[int] = field(default_factory=list)
@@ -65,7 +84,7 @@ class PatchResult:
         head = f"patch {self.patch.id}: {self.state}"
         if self.detail:
             head += f" ({self.detail})"
-        bad = [e for e in self.edits if e.state in ("broken", "modified")]
+        bad = [e for e in self.edits if e.state in (EditState.BROKEN, EditState.MODIFIED)]
         return "\n".join([head] + ["  " + e.describe().replace("\n", "\n  ") for e in bad])
 
 
@@ -90,7 +109,7 @@ class FileChange:
 
 @dataclass
 class Plan:
-    mode: str  # "apply" or "revert"
+    mode: Mode
     source: str
     versions: dict[str, str]
     results: list[PatchResult]
@@ -110,7 +129,7 @@ class Plan:
         failed = [r for r in self.results if not r.ok]
         if failed:
             detail = "\n".join(r.describe() for r in failed)
-            done = {"apply": "applied", "revert": "reverted"}[self.mode]
+            done = {Mode.APPLY: "applied", Mode.REVERT: "reverted"}[self.mode]
             raise PatchFailed(f"{self.source}: {len(failed)} patch(es) cannot be {done}:\n{detail}")
 
 
@@ -178,7 +197,7 @@ def plan(
     patches: list[Patch],
     source: Source,
     *,
-    mode: str = "apply",
+    mode: Mode | str = Mode.APPLY,
     versions: dict[str, str] | None = None,
 ) -> Plan:
     """Evaluate a series against a source; in apply mode, pending patches are applied in memory.
@@ -186,16 +205,15 @@ def plan(
     In revert mode the applied patches are undone, last first. `versions` overrides the versions the
     source reports (an image base that is a dev build states which release layout it matches).
     """
-    if mode not in ("apply", "revert"):
-        raise ValueError(mode)
+    mode = Mode(mode)  # a caller's typo is a ValueError naming it, before anything is read
     found_versions = dict(source.versions())
     found_versions.update(versions or {})
     texts = _Texts(source)
-    texts.inserted = {e.text for p in patches for e in p.edits if e.action != "assert"}
+    texts.inserted = {e.text for p in patches for e in p.edits if e.action != Action.ASSERT}
     texts.prefetch(patches, found_versions)
-    ordered = patches if mode == "apply" else list(reversed(patches))
+    ordered = patches if mode == Mode.APPLY else list(reversed(patches))
     results = [_evaluate(p, texts, found_versions, mode) for p in ordered]
-    if mode == "revert":
+    if mode == Mode.REVERT:
         results.reverse()
     else:
         _check_readable(texts, results)
@@ -204,7 +222,7 @@ def plan(
     return Plan(mode, source.description, found_versions, results, texts.changes() if whole else [])
 
 
-def _evaluate(patch: Patch, texts: _Texts, versions: dict[str, str], mode: str) -> PatchResult:
+def _evaluate(patch: Patch, texts: _Texts, versions: dict[str, str], mode: Mode) -> PatchResult:
     absent = [p for p in patch.packages if p not in versions]
     if len(absent) == len(patch.packages):
         return PatchResult(patch, State.NOT_APPLICABLE, f"{', '.join(absent)} not in the source")
@@ -229,21 +247,21 @@ def _evaluate(patch: Patch, texts: _Texts, versions: dict[str, str], mode: str) 
     edits = [e for e in patch.edits if e.package not in absent and _edit_in_range(e, versions)]
     if not edits:
         return PatchResult(patch, State.NOT_APPLICABLE, "no edit of this patch is for these releases")
-    if mode == "revert":
+    if mode == Mode.REVERT:
         edits = list(reversed(edits))
     staged: dict[tuple[str, str], str] = {}  # this patch's texts, committed only if the patch is whole
     results = [_evaluate_edit(e, texts, staged, mode) for e in edits]
-    if mode == "revert":
+    if mode == Mode.REVERT:
         results.reverse()
     detail = f"{', '.join(absent)} not in the source: its edits unchecked" if absent else ""
     state = _patch_state(results)
     if state == State.PARTIAL:
-        applied = [str(r.edit.index) for r in results if r.state == "applied"]
-        pending = [str(r.edit.index) for r in results if r.state == "pending"]
+        applied = [str(r.edit.index) for r in results if r.state == EditState.APPLIED]
+        pending = [str(r.edit.index) for r in results if r.state == EditState.PENDING]
         detail = f"edits {', '.join(applied)} applied, {', '.join(pending)} not: fix by hand or revert; never completed silently"
-    if state == State.APPLIED and all(r.state == "holds" for r in results) and not detail:
+    if state == State.APPLIED and all(r.state == EditState.HOLDS for r in results) and not detail:
         detail = "assert-only: every invariant holds"
-    wanted = State.NOT_APPLIED if mode == "apply" else State.APPLIED
+    wanted = State.NOT_APPLIED if mode == Mode.APPLY else State.APPLIED
     if state == wanted:
         for (package, path), text in staged.items():
             texts.set(package, path, text, patch.id)
@@ -260,54 +278,54 @@ def _edit_in_range(edit: Edit, versions: dict[str, str]) -> bool:
 
 
 def _patch_state(results: list[EditResult]) -> State:
-    states = {r.state for r in results if r.state != "holds"}
-    if "broken" in states:
+    states = {r.state for r in results if r.state != EditState.HOLDS}
+    if EditState.BROKEN in states:
         return State.BROKEN
-    if "modified" in states:
+    if EditState.MODIFIED in states:
         return State.MODIFIED
     if not states:  # assert-only: every invariant holds
         return State.APPLIED
-    if states == {"applied"}:
+    if states == {EditState.APPLIED}:
         return State.APPLIED
-    if states == {"pending"}:
+    if states == {EditState.PENDING}:
         return State.NOT_APPLIED
     return State.PARTIAL
 
 
-def _evaluate_edit(edit: Edit, texts: _Texts, staged: dict, mode: str) -> EditResult:
+def _evaluate_edit(edit: Edit, texts: _Texts, staged: dict, mode: Mode) -> EditResult:
     path = None
     try:
         path = _resolve(edit.package, edit.candidates, texts)
         key = (edit.package, path)
         text = staged[key] if key in staged else texts.get(*key)
     except _EditError as e:
-        return EditResult(edit, "broken", path, detail=str(e))  # describe() names the file when it was found
+        return EditResult(edit, EditState.BROKEN, path, detail=str(e))  # describe() names the file when it was found
     n_anchor = text.count(edit.anchor)
-    if edit.action == "assert":
+    if edit.action == Action.ASSERT:
         if n_anchor == edit.count:
-            return EditResult(edit, "holds", path, n_anchor, occurrence_lines(text, edit.anchor))
+            return EditResult(edit, EditState.HOLDS, path, n_anchor, occurrence_lines(text, edit.anchor))
         return _broken(edit, path, text, n_anchor, "invariant no longer holds")
 
     n_applied = text.count(edit.applied_form)
-    inserts = edit.action != "replace"
+    inserts = edit.action != Action.REPLACE
     if n_applied == edit.count and (not inserts or n_anchor == edit.count):
-        state = "applied"
+        state = EditState.APPLIED
     elif (found := edited_text(edit, path, text, n_anchor, n_applied, texts.inserted)) is not None:
         line, detail = found
-        return EditResult(edit, "modified", path, 0, [line] if line else [], detail)
+        return EditResult(edit, EditState.MODIFIED, path, 0, [line] if line else [], detail)
     elif n_applied == 0 and n_anchor == edit.count:
-        state = "pending"
+        state = EditState.PENDING
     elif 0 < n_applied < edit.count and inserts:
         return EditResult(
-            edit, "broken", path, n_applied, occurrence_lines(text, edit.applied_form),
+            edit, EditState.BROKEN, path, n_applied, occurrence_lines(text, edit.applied_form),
             f"applied at {n_applied} of {edit.count} anchors: partially applied",
         )
     else:
         return _broken(edit, path, text, n_anchor, "")
 
-    if mode == "apply" and state == "pending":
+    if mode == Mode.APPLY and state == EditState.PENDING:
         staged[key] = text.replace(edit.anchor, edit.applied_form)
-    elif mode == "revert" and state == "applied":
+    elif mode == Mode.REVERT and state == EditState.APPLIED:
         staged[key] = text.replace(edit.applied_form, edit.anchor)
     return EditResult(edit, state, path, n_anchor, occurrence_lines(text, edit.anchor))
 
@@ -322,7 +340,7 @@ def _broken(edit: Edit, path: str, text: str, found: int, why: str) -> EditResul
         nearest = nearest_match(text, edit.anchor)
         if nearest:
             detail += "; " + nearest.describe()
-    return EditResult(edit, "broken", path, found, lines, detail, nearest)
+    return EditResult(edit, EditState.BROKEN, path, found, lines, detail, nearest)
 
 
 def _resolve(package: str, candidates: tuple[str, ...], texts: _Texts) -> str:
@@ -356,13 +374,13 @@ def _check_readable(texts: _Texts, results: list[PatchResult]) -> None:
         if result.state not in (State.APPLIED, State.NOT_APPLIED):
             continue
         for e in result.edits:
-            if e.state not in ("applied", "pending", "holds"):
+            if e.state not in (EditState.APPLIED, EditState.PENDING, EditState.HOLDS):
                 continue
             form = e.edit.applied_form
             final = texts.get(e.edit.package, e.path)
             if final.count(form) != e.edit.count:
                 later = texts.touched_by.get((e.edit.package, e.path), "a later patch")
-                e.state = "broken"
+                e.state = EditState.BROKEN
                 e.detail = (
                     f"patch {later} rewrites the text of this edit (expected it {e.edit.count}x in the final "
                     f"file, found {final.count(form)}x): its state could not be read back; merge the patches "

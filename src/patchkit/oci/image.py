@@ -18,7 +18,6 @@ from patchkit.oci.media import (
     OCI_MANIFEST,
     TO_OCI,
     Platform,
-    canonical_json,
     descriptor,
 )
 
@@ -94,7 +93,3 @@ def layout_index(manifest_bytes: bytes, platform: Platform, ref_name: str) -> di
     entry = descriptor(OCI_MANIFEST, manifest_bytes, platform=platform.as_dict(),
                        annotations={"org.opencontainers.image.ref.name": ref_name})
     return {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [entry]}
-
-
-def encode(obj: Mapping) -> bytes:
-    return canonical_json(obj)

@@ -42,10 +42,6 @@ def acquire(root: Dir, wait: float = DEFAULT_WAIT) -> None:
             raise PatchkitError(f"cannot lock {root.path}: {e.strerror}") from None
 
 
-def release(root: Dir) -> None:
-    fcntl.flock(root.fd, fcntl.LOCK_UN)
-
-
 def holder_pid(root: Dir) -> int | None:
     st = os.fstat(root.fd)
     device = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"

@@ -172,3 +172,50 @@ def test_the_mirrors_commands_in_the_publish_workflow_are_valid_invocations():
     params = [mirrors_cmd.make_context("mirrors", shlex.split(line)).params for line in invocations]
     prefix = "ghcr.io/${OWNER,,}"
     assert [(p["prefix"], p["image"]) for p in params] == [(prefix, None), (prefix, "$IMAGE")]
+
+
+def _run_scripts(name: str) -> dict[str, str]:
+    """Each step's `run:` script of a workflow, by job and step name."""
+    import yaml
+
+    doc = yaml.safe_load((WORKFLOWS / name).read_text())
+    return {f"{job}: {step.get('name', '')}": step["run"] for job, spec in doc["jobs"].items()
+            for step in spec["steps"] if "run" in step}
+
+
+def test_the_bump_job_calls_real_patchkit_commands_and_never_merges(tmp_path, monkeypatch):
+    """Every patchkit invocation of the bump (rebase, upstream, retire, verify, bump body/releases) parses
+    with the real command's options; the pull request is created or edited, never merged."""
+    from patchkit.cli.main import main
+
+    scripts = _run_scripts("verify-upstream.yml")
+    bump = {k: v for k, v in scripts.items() if k.startswith(("bump:", "new-releases:"))}
+    calls = [" ".join(line.split()) for script in bump.values()
+             for line in re.findall(r"patchkit ((?:[^|>&)\n]|>(?!>|\s))+)", script.replace("\n--", " --"))]
+    names = [c.split()[0] + (" " + c.split()[1] if c.startswith("bump ") else "") for c in calls]
+    assert sorted(set(names)) == ["bump body", "bump releases", "rebase", "retire", "upstream", "verify"], calls
+    monkeypatch.chdir(tmp_path)  # the files the steps before wrote, for the options that must name one
+    for name in ("rebase.json", "retire.json", "verify.json", "kernels.json", "upstream.json", "upstream.diff"):
+        (tmp_path / "bump").mkdir(exist_ok=True)
+        (tmp_path / "bump" / name).write_text("{}")
+    (tmp_path / ".cache" / "patchkit" / "results").mkdir(parents=True)
+    for call in calls:
+        args = shlex.split(call.replace('"$RELEASE"', "0.34.0").replace("~/", f"{tmp_path}/"))
+        command = main
+        while isinstance(command, click.Group):
+            sub = args.pop(0)
+            command = command.commands[sub]
+        command.make_context(sub, args)  # a renamed or missing option is a UsageError here
+    body = " ".join(bump.values())
+    assert "gh pr create" in body and "gh pr edit" in body and "gh pr merge" not in body and "--auto" not in body
+    assert "bump/vllm-$RELEASE" in body
+
+
+def test_the_bump_job_takes_its_release_from_the_environment_never_an_expression():
+    """zizmor's template-injection rule in this repository's terms: the release (from the index or a person)
+    reaches scripts only as $RELEASE / $WANTED, and is checked to be a release number before use."""
+    scripts = _run_scripts("verify-upstream.yml")
+    for key, script in scripts.items():
+        if key.startswith(("bump:", "new-releases:")):
+            assert "${{" not in script, key
+    assert any("^[0-9]+(\\.[0-9]+)+$" in s for k, s in scripts.items() if k.startswith("bump:"))

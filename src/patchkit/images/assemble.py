@@ -55,7 +55,8 @@ def assemble(prepared: Prepared, *, epoch: int | None = None, revision: str | No
     ids = ",".join(p.id for p in prepared.carried)
     entries = [*prepared.dirs,
                *(Entry(f.path, "file", f.data, f.mode, f.uid, f.gid) for f in prepared.files),
-               *(Entry(whiteout_path(p), "whiteout") for p in prepared.stale_bytecode)]
+               *(Entry(whiteout_path(p), "whiteout") for p in prepared.stale_bytecode),
+               *prepared.extras.entries()]
     layer = build_layer(entries, epoch=meta.epoch)
     config = new_config(base.config, layer, created=meta.created,
                         created_by=f"patchkit build {image.name} (series: {ids})",
@@ -127,6 +128,8 @@ def describe(built: Built, progress: Progress) -> None:
         say(f"  M {f.path} ({len(old)} -> {len(new)} lines)")
     for pyc in p.stale_bytecode:
         say(f"  D {pyc} (stale bytecode)")
+    for line in p.extras.describe():
+        say(line)
     for key, value in p.image.env.items():
         say(f"  ENV {key}={value}")
     read = set(getattr(p.source, "layers_read", ()))

@@ -35,7 +35,16 @@ vars = { TORCH_CUDA_ARCH_LIST = "12.1a", ... }
 
 [labels]
 "org.opencontainers.image.title" = "..."
+
+[wheels.instanttensor]                    # optional: extra wheels installed into the layer (images.extras)
+version = "0.2.2"                         # a child image inherits its parent's, and may add or replace one
+why = "..."
+files."linux/arm64" = { filename = "instanttensor-0.2.2-cp312-...-manylinux_2_28_aarch64.whl", sha256 = "<64 hex>" }
 ```
+
+`wheels`: each file is named exactly as the index lists it and pinned by the sha256 of the whole file;
+the build takes the one for the image's platform (its tags must suit that platform and the Python of the
+`packages.vllm` path), so the definition says which bytes the image carries.
 
 `layout`: a base built from a development snapshot reports a version such as `0.1.dev20051+g487ecf187`,
 which sorts below every release, so no patch range (`>=0.30.0,<0.34`) would include it. `layout` names
@@ -51,6 +60,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from packaging.tags import compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from patchkit import tomlschema
@@ -64,6 +75,8 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BASE_RE = re.compile(r"^(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 PLATFORMS = ("linux/arm64",)
+# Where a pinned wheel may be recorded for: the image platforms and the architecture of their wheel tags.
+WHEEL_PLATFORMS = {"linux/arm64": "aarch64", "linux/amd64": "x86_64"}
 
 # The DGX Spark GB10 target (compute capability 12.1, sm_121a) for the kernels vLLM, FlashInfer and
 # CuTe DSL compile at run time; every image carries them (field reference, 4p67 recipe).
@@ -92,6 +105,22 @@ class PackageSpec:
 
 
 @dataclass(frozen=True)
+class WheelPin:
+    """An extra wheel an image carries: the index's file for each platform, pinned by its sha256."""
+
+    name: str                              # canonical project name
+    version: str
+    files: dict[str, tuple[str, str]]      # platform -> (file name, sha256)
+    why: str
+
+    @property
+    def requirement(self) -> str:
+        """The line pip installs the same files from (`pip install --require-hashes -r FILE`)."""
+        hashes = " ".join(f"--hash=sha256:{sha}" for _, sha in sorted(set(self.files.values())))
+        return f"{self.name}=={self.version} {hashes}"
+
+
+@dataclass(frozen=True)
 class Image:
     name: str
     title: str
@@ -105,6 +134,7 @@ class Image:
     env: dict[str, str]
     labels: dict[str, str]
     why: dict[str, str] = field(default_factory=dict)   # "image", "base", "series", "env", "packages.vllm"
+    wheels: dict[str, WheelPin] = field(default_factory=dict)   # extra wheels, by project name
 
     @property
     def base_digest(self) -> str:
@@ -165,9 +195,10 @@ def _resolve(name: str, raw: dict[str, tuple[Path, ImageFile]], images_dir: Path
     series = _series(doc, parent, patchset, where, why)
     env = _env(doc, parent, series, where, why)
     labels = {**(parent.labels if parent else {}), **doc.labels}
+    wheels = {**(parent.wheels if parent else {}), **_wheels(doc, platform, packages, where)}
     image = Image(name=name, title=doc.title, folder=path.parent, parent=doc.parent, base=base_ref,
                   base_source=base_source, platform=platform, packages=packages, series=series, env=env,
-                  labels=labels, why=why)
+                  labels=labels, why=why, wheels=wheels)
     done[name] = image
     return image
 
@@ -218,6 +249,54 @@ def _packages(doc: ImageFile, parent: Image | None, where: str, why: dict) -> di
         why[f"packages.{pkg}"] = spec.why
         out[pkg] = PackageSpec(pkg, str(pure), spec.version, spec.layout, spec.why)
     return out
+
+
+def _wheels(doc: ImageFile, platform: str, packages: dict[str, PackageSpec], where: str) -> dict[str, WheelPin]:
+    """The definition's own pinned wheels, each file checked against its name, version and platform and the
+    image's Python (from the vllm package path), so a pin no pip there would install fails here."""
+    found = re.search(r"/python(\d)\.(\d+)/", packages["vllm"].path) if doc.wheels else None
+    if doc.wheels and found is None:
+        raise PatchkitError(f"{where}: [wheels] needs the image's Python, read from [packages.vllm] path "
+                            f"{packages['vllm'].path!r}, which names no pythonX.Y folder")
+    out = {}
+    for name, table in doc.wheels.items():
+        at = f"{where}: [wheels.{name}]"
+        if canonicalize_name(name) != name:
+            raise PatchkitError(f"{at}: write the project name as the index does: {canonicalize_name(name)!r}")
+        try:
+            version = Version(table.version)
+        except InvalidVersion:
+            raise PatchkitError(f"{at}, key 'version': {table.version!r} is not a PEP 440 version") from None
+        if platform not in table.files:
+            raise PatchkitError(f"{at}: no file for the image's platform {platform} (files for: "
+                                f"{', '.join(sorted(table.files)) or 'none'})")
+        files = {}
+        for plat, pinned in sorted(table.files.items()):
+            if plat not in WHEEL_PLATFORMS:
+                raise PatchkitError(f"{at}: platform {plat!r} is not one of {', '.join(WHEEL_PLATFORMS)}")
+            _check_wheel_file(pinned.filename, name, version, WHEEL_PLATFORMS[plat], found.groups(), f"{at}.files.{plat}")
+            files[plat] = (pinned.filename, pinned.sha256)
+        out[name] = WheelPin(name, str(version), files, table.why)
+    return out
+
+
+def _check_wheel_file(filename: str, name: str, version: Version, arch: str, python: tuple[str, str], at: str) -> None:
+    try:
+        project, found, _, tags = parse_wheel_filename(filename)
+    except (InvalidWheelFilename, InvalidVersion) as exc:
+        raise PatchkitError(f"{at}: {filename!r} is not a wheel's file name ({exc})") from None
+    if project != name or found != version:
+        raise PatchkitError(f"{at}: {filename} is {project} {found}'s, not {name} {version}'s")
+    platforms = [t.platform for t in tags]
+    if not all(p == "any" or p.startswith(("manylinux", "musllinux", "linux_")) and p.endswith(f"_{arch}")
+               for p in platforms):
+        raise PatchkitError(f"{at}: {filename} is for {', '.join(sorted(set(platforms)))}, not linux {arch}")
+    # What pip on that Python accepts: CPython's own tags, then the py3/abi3/none ones (packaging.tags).
+    version_info = (int(python[0]), int(python[1]))
+    accepted = {*cpython_tags(version_info, platforms=platforms), *compatible_tags(version_info, platforms=platforms)}
+    if not accepted & set(tags):
+        raise PatchkitError(f"{at}: {filename} does not install on the image's Python {'.'.join(python)} "
+                            f"(tags {', '.join(sorted(str(t) for t in tags))})")
 
 
 def _series(doc: ImageFile, parent: Image | None, patchset: PatchSet, where: str, why: dict) -> tuple[str, ...]:

@@ -138,6 +138,7 @@ def render_context(built: Built, dest: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(BYTECODE_STUB)
         os.chmod(target, 0o644)
+    built.prepared.extras.write_into(rootfs)
     os.chmod(rootfs, 0o755)
     ref = base.reference
     tag = f":{ref.tag}" if ref.tag else ""

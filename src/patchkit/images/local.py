@@ -140,6 +140,7 @@ def layer_tar(prepared: Prepared, epoch: int) -> bytes:
     raw = io.BytesIO()
     entries = [(f.path, f.data, f.mode, f.uid, f.gid) for f in prepared.files]
     entries += [(p, BYTECODE_STUB, 0o644, 0, 0) for p in prepared.stale_bytecode]
+    entries += prepared.extras.tar_members()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path, data, mode, uid, gid in sorted(entries):
             info = tarfile.TarInfo(normalize(path))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
+from patchkit.images.extras import NO_EXTRAS, ExtraLayer, extra_layer
 from patchkit.oci.base import open_base
 from patchkit.oci.layer import Entry, normalize
 from patchkit.oci.progress import Progress, Quiet
@@ -61,6 +62,7 @@ class Prepared:
     files: list[PatchedFile]
     dirs: list[Entry]                    # parent directories, with the base's metadata
     stale_bytecode: list[str]            # image paths deleted (daemonless) or stubbed (engine)
+    extras: ExtraLayer = NO_EXTRAS       # the pinned wheels' files (images.extras), on every route
 
 
 def is_image_id(spec: str) -> bool:
@@ -114,6 +116,7 @@ def plan_on(image: Image, patchset: PatchSet, base_image, source, *, own: bool, 
             dirs: bool = True) -> Prepared:
     """Plan the image's series on `source` (the base's files) and collect the new layer's contents."""
     patches = patchset.series(list(image.series))
+    extras = extra_layer(image)  # first: a wrong pin fails before the base is read
     source.prefetch(wanted_files(patches))
     versions = source.versions()
     # The release whose files each package holds: a declared layout for the image's own base, else a
@@ -137,7 +140,7 @@ def plan_on(image: Image, patchset: PatchSet, base_image, source, *, own: bool, 
         raise PatchkitError(f"image {image.name}: nothing to patch in {spec} ({states})")
     files, dir_entries, stale = layer_contents(source, result.changes, dirs=dirs)
     return Prepared(image, base_image, source, result, versions, result.versions, carried, skipped, files,
-                    dir_entries, stale)
+                    dir_entries, stale, extras)
 
 
 def layer_contents(source, changes: list[FileChange], *, dirs: bool = True):

@@ -39,6 +39,17 @@ class EnvTable(_Table):
     vars: dict[str, str] = {}
 
 
+class WheelFileTable(_Table):
+    filename: NonEmpty   # the file on the index pip would pick for that platform
+    sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]   # of the whole file, as the index lists it
+
+
+class WheelTable(_Table):
+    version: NonEmpty
+    why: NonEmpty
+    files: dict[str, WheelFileTable]   # image platform ("linux/arm64") -> its wheel
+
+
 class ImageFile(_Table):
     """images/<name>/image.toml"""
 
@@ -52,3 +63,4 @@ class ImageFile(_Table):
     packages: dict[str, PackageTable] | None = None
     env: EnvTable | None = None
     labels: dict[str, str] = {}
+    wheels: dict[str, WheelTable] = {}   # extra wheels installed into the layer (images.extras), by project name

@@ -1,0 +1,294 @@
+"""An image's pinned extra wheels (images.extras): installed into the layer byte for byte as pip installs
+them, refused when the index or the bytes are not what the definition pins, on every build route.
+
+Real artifacts from the package index, fetched through patchkit's own verified cache into the user
+cache (downloaded once; marked `network`): instanttensor 0.2.2's cp312 manylinux aarch64 wheel, the one
+the lab image pins (its compiled extension is only read, never run), and wheel 0.48.0's py3-none-any
+wheel, a real wheel with a console script (instanttensor has none). pip is the reference: `pip install
+--target` (and `--prefix`, for where scripts are recorded) of the same files, `--no-compile` because
+images ship no bytecode (images.build), umask 022. The one wheel made here is a real one tampered with.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from engines import client, podman, podman_service  # noqa: F401
+from registry import flatten, make_base, push_base, registry_server, vllm_sdist  # noqa: F401
+from test_sources import FakeIndex
+
+from patchkit.errors import PatchkitError
+from patchkit.images.build import build
+from patchkit.images.definitions import WheelPin, load_image, load_images
+from patchkit.images.engine import render_context
+from patchkit.images.extras import DIR_MODE, Scheme, WheelPinMismatch, extra_layer, fetch, install
+from patchkit.patching.patchset import load_patchset
+from patchkit.wheels.verified import BadWheel
+
+REPO = Path(__file__).resolve().parents[1]
+LAB = "glm53-flash-nvfp4-lab"
+SITE = "/usr/local/lib/python3.12/dist-packages"
+PLATFORM = "linux/arm64"
+# wheel 0.48.0 as https://pypi.org/simple/wheel/ lists it (read with patchkit.sources.index.project_files)
+WHEEL_PIN = WheelPin("wheel", "0.48.0", {PLATFORM: ("wheel-0.48.0-py3-none-any.whl",
+                                                    "3217dcc807155e45db462d7ef2431f5ddda0d7273b700d05a67b271ceb1287ab")},
+                     why="a real wheel with a console script")
+PIP_TARGET = ["--no-deps", "--no-compile", "--no-index", "--only-binary=:all:", "--platform", "manylinux_2_28_aarch64",
+              "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312"]
+pytestmark = pytest.mark.network
+
+
+@pytest.fixture(scope="module")
+def patchset():
+    return load_patchset(REPO / "patches")
+
+
+@pytest.fixture(scope="module")
+def lab(patchset):
+    return load_image(REPO / "images", LAB, patchset)
+
+
+@pytest.fixture(scope="module")
+def wheels(lab, tmp_path_factory):
+    """The two real wheels in one folder pip can read (--find-links), fetched by patchkit."""
+    folder = tmp_path_factory.mktemp("wheels")
+    for pin in (lab.wheels["instanttensor"], WHEEL_PIN):
+        shutil.copy(fetch(pin, PLATFORM), folder)
+    return folder
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], check=True, capture_output=True,
+                   preexec_fn=lambda: os.umask(0o022))
+
+
+def tree(root: Path) -> dict[str, tuple[bytes | None, int]]:
+    """path under root -> (bytes, or None for a directory; permission bits)."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None, p.stat().st_mode & 0o7777)
+            for p in sorted(root.rglob("*"))}
+
+
+def layer_tree(installed, root: str) -> dict[str, tuple[bytes | None, int]]:
+    out = {}
+    for wheel in installed:
+        out.update({d.removeprefix(root + "/"): (None, DIR_MODE) for d in wheel.dirs})
+        out.update({f.path.removeprefix(root + "/"): (f.data, f.mode) for f in wheel.files
+                    if f.path.startswith(root + "/")})
+    return out
+
+
+def record(data: bytes) -> set[str]:
+    return set(data.decode().splitlines())
+
+
+def run_script(script: Path, site: Path) -> str:
+    """A console script run by this machine's Python (its shebang is the image's), importing from `site`."""
+    proc = subprocess.run([sys.executable, str(script), "version"], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(site)})
+    return proc.stdout.strip()
+
+
+def test_the_layer_holds_what_pip_install_target_writes(lab, wheels, tmp_path):
+    scheme = Scheme.of(lab)
+    assert (scheme.site, scheme.scripts, scheme.interpreter) == (SITE, "/usr/local/bin", "/usr/bin/python3.12")
+    installed = [install(wheels / pin.files[PLATFORM][0], pin, PLATFORM, scheme)
+                 for pin in (lab.wheels["instanttensor"], WHEEL_PIN)]
+    target = tmp_path / "target"
+    pip("--target", str(target), "--find-links", str(wheels), *PIP_TARGET, "instanttensor==0.2.2", "wheel==0.48.0")
+    theirs, ours = tree(target), layer_tree(installed, SITE)
+
+    # pip --target puts scripts in <target>/bin; the image's are in /usr/local/bin, beside its site-packages
+    their_bin = {k: v for k, v in theirs.items() if k == "bin" or k.startswith("bin/")}
+    our_bin = {f.path: (f.data, f.mode) for w in installed for f in w.files if not f.path.startswith(SITE + "/")}
+    assert set(our_bin) == {"/usr/local/bin/wheel"} and set(their_bin) == {"bin", "bin/wheel"}
+    theirs = {k: v for k, v in theirs.items() if k not in their_bin}
+    assert set(ours) == set(theirs), "the same files and directories"
+    assert {k: v[1] for k, v in ours.items()} == {k: v[1] for k, v in theirs.items()}, "the same modes"
+    assert ours["instanttensor/_C.cpython-312-aarch64-linux-gnu.so"][1] == 0o755  # executable in the zip
+
+    # the same bytes, but for INSTALLER (the tool's name) and RECORD, which lists it and the script
+    differ = {k for k in ours if ours[k][0] != theirs[k][0]}
+    assert differ == {f"{d}/{n}" for d in ("instanttensor-0.2.2.dist-info", "wheel-0.48.0.dist-info")
+                      for n in ("INSTALLER", "RECORD")}
+    assert {theirs[k][0] for k in differ if k.endswith("INSTALLER")} == {b"pip\n"}
+    assert {ours[k][0] for k in differ if k.endswith("INSTALLER")} == {b"patchkit\n"}
+    for dist_info in ("instanttensor-0.2.2.dist-info", "wheel-0.48.0.dist-info"):
+        ours_rows, their_rows = record(ours[f"{dist_info}/RECORD"][0]), record(theirs[f"{dist_info}/RECORD"][0])
+        installer_row = next(r for r in ours_rows if r.startswith(f"{dist_info}/INSTALLER,"))
+        assert installer_row == f"{dist_info}/INSTALLER,sha256=3z9hdB5rPecHAR7exfqnDjg6fO0RSGMnXDttdAwpd44,9"
+        same = {r for r in their_rows if not r.startswith((f"{dist_info}/INSTALLER,", "../../bin/"))}
+        assert ours_rows - same == {installer_row} | {r for r in ours_rows if r.startswith("../../../bin/")}
+        assert same <= ours_rows
+
+    # the console script: the entry point's, with the image's interpreter; pip --target records it two
+    # folders up (its home scheme's lib/python), the image three (lib/python3.12/dist-packages)
+    script, mode = our_bin["/usr/local/bin/wheel"]
+    assert mode == their_bin["bin/wheel"][1] == 0o755
+    assert script.startswith(b"#!/usr/bin/python3.12\n") and b"from wheel._commands import main" in script
+    digest = hashlib.sha256(script).digest()
+    row = f"../../../bin/wheel,sha256={base64.urlsafe_b64encode(digest).rstrip(b'=').decode()},{len(script)}"
+    assert row in record(ours["wheel-0.48.0.dist-info/RECORD"][0])
+    assert any(r.startswith("../../bin/wheel,") for r in record(theirs["wheel-0.48.0.dist-info/RECORD"][0]))
+    # the launchers' text differs (installer's template, pip's vendored distlib's): both run the same entry point
+    unpacked = tmp_path / "layer"
+    for path, (data, file_mode) in {**{SITE + "/" + k: v for k, v in ours.items()}, **our_bin}.items():
+        if data is not None:
+            (unpacked / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            (unpacked / path.lstrip("/")).write_bytes(data)
+    assert run_script(unpacked / "usr/local/bin/wheel", unpacked / SITE.lstrip("/")) == \
+           run_script(target / "bin" / "wheel", target) == "wheel 0.48.0"
+
+
+def test_pip_install_prefix_records_the_script_where_the_image_does(lab, wheels, tmp_path):
+    """pip --prefix (the pure wheel: pip takes no platform options there) lays out <prefix>/lib/pythonX.Y/
+    site-packages and <prefix>/bin as the image does: its RECORD is ours but for INSTALLER and the script's
+    hash (the interpreter in the shebang, the launcher's template)."""
+    (installed,) = [install(wheels / WHEEL_PIN.files[PLATFORM][0], WHEEL_PIN, PLATFORM, Scheme.of(lab))]
+    prefix = tmp_path / "prefix"
+    pip("--prefix", str(prefix), "--no-deps", "--no-compile", "--no-index", "--find-links", str(wheels), "wheel==0.48.0")
+    (theirs,) = prefix.glob("lib/python3*/site-packages/wheel-0.48.0.dist-info/RECORD")
+    ours = next(f.data for f in installed.files if f.path.endswith("wheel-0.48.0.dist-info/RECORD"))
+    strip = lambda rows: {r.split(",")[0] if r.startswith(("../../../bin/", "wheel-0.48.0.dist-info/INSTALLER,"))
+                          else r for r in rows}
+    assert strip(record(ours)) == strip(record(theirs.read_bytes()))
+    assert "../../../bin/wheel" in strip(record(ours))
+
+
+def test_a_sha256_the_index_does_not_list_is_refused_and_nothing_is_built(base, tmp_path):
+    images = _images_copy(tmp_path, "94dabc13981fe89982a807572593c4f697a3a3bae02fa13cb469960885901247", "0" * 64)
+    proc = _cli_build(images, base, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "lists instanttensor-0.2.2-cp312-cp312-manylinux_2_26_aarch64.manylinux_2_28_aarch64.whl with sha256 " \
+           "94dabc13981fe89982a807572593c4f697a3a3bae02fa13cb469960885901247, the image definition pins 000" in \
+           " ".join(proc.stdout.split() + proc.stderr.split())
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_tampered_wheel_is_refused_by_its_record(lab, wheels, base, tmp_path):
+    real = wheels / lab.wheels["instanttensor"].files[PLATFORM][0]
+    tampered = tmp_path / real.name
+    with zipfile.ZipFile(real) as src, zipfile.ZipFile(tampered, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in src.infolist():
+            data = src.read(info)
+            out.writestr(info, data + b"import os\n" if info.filename == "instanttensor/__init__.py" else data)
+    sha = hashlib.sha256(tampered.read_bytes()).hexdigest()
+    pin = WheelPin("instanttensor", "0.2.2", {PLATFORM: (real.name, sha)}, why="tampered")
+    with pytest.raises(BadWheel) as refused:
+        install(tampered, pin, PLATFORM, Scheme.of(lab))
+    assert (refused.value.problem, refused.value.member) == ("hash", "instanttensor/__init__.py")
+    with pytest.raises(WheelPinMismatch, match=f"its bytes hash to sha256 {sha}"):
+        install(tampered, lab.wheels["instanttensor"], PLATFORM, Scheme.of(lab))
+
+    # the same through a build: an index serving it under the sha256 a definition pins; nothing is built
+    index = FakeIndex()
+    try:
+        index.add("instanttensor", real.name, tampered.read_bytes())
+        images = _images_copy(tmp_path, "94dabc13981fe89982a807572593c4f697a3a3bae02fa13cb469960885901247", sha)
+        proc = _cli_build(images, base, tmp_path, PATCHKIT_INDEX_URL=index.url, PATCHKIT_CACHE_DIR=str(tmp_path / "cache"))
+    finally:
+        index.server.shutdown()
+    assert proc.returncode == 2, proc.stderr
+    assert "member 'instanttensor/__init__.py': RECORD says sha256=" in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def _images_copy(tmp_path: Path, old: str, new: str) -> Path:
+    images = tmp_path / "images"
+    shutil.copytree(REPO / "images", images)
+    toml = images / LAB / "image.toml"
+    assert toml.read_text().count(old) == 1
+    toml.write_text(toml.read_text().replace(old, new))
+    return images
+
+
+def _cli_build(images: Path, base: dict, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """`patchkit build` of the lab image into an OCI layout, in a fresh interpreter."""
+    return subprocess.run([sys.executable, "-m", "patchkit", "build", LAB, "--base", f"{base['layout']}:base",
+                           "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PATCHKIT_IMAGES": str(images), **env})
+
+
+def test_children_inherit_the_wheels_and_bad_pins_are_refused(patchset, tmp_path):
+    images = load_images(REPO / "images", patchset)
+    assert images["glm53-flash-nvfp4-4p67"].wheels == images[LAB].wheels
+    assert set(images[LAB].wheels) == {"instanttensor"} and not images["glm53-flash-nvfp4"].wheels
+    assert images[LAB].wheels["instanttensor"].requirement == (
+        "instanttensor==0.2.2 --hash=sha256:94dabc13981fe89982a807572593c4f697a3a3bae02fa13cb469960885901247 "
+        "--hash=sha256:382954f2329fc085ff298ce0205a06ce0fc8c67a704fc032613931a5ae9018d5")
+    arm = "instanttensor-0.2.2-cp312-cp312-manylinux_2_26_aarch64.manylinux_2_28_aarch64.whl"
+    for old, new, message in [
+        (arm, arm.replace("aarch64", "x86_64"), "is for manylinux_2_26_x86_64, manylinux_2_28_x86_64, not linux aarch64"),
+        (arm, arm.replace("cp312-cp312", "cp313-cp313"), "does not install on the image's Python 3.12"),
+        (arm, arm.replace("0.2.2", "0.2.1"), "is instanttensor 0.2.1's, not instanttensor 0.2.2's"),
+        ('files."linux/arm64"', 'files."linux/riscv64"', "no file for the image's platform linux/arm64"),
+        ("[wheels.instanttensor]", "[wheels.InstantTensor]", "write the project name as the index does"),
+    ]:
+        copy = _images_copy(tmp_path / message[:12].replace(" ", "_").replace("'", ""), old, new)
+        with pytest.raises(PatchkitError, match=message):
+            load_images(copy, patchset)
+
+
+# -- every build route -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """vLLM 0.33.0's files at the images' dist-packages path, as an OCI layout (tests/bases.py)."""
+    return make_base(vllm_sdist(), tmp_path_factory.mktemp("base") / "layout")
+
+
+def expected_files(lab) -> dict[str, tuple[bytes, int]]:
+    return {f.path.lstrip("/"): (f.data, f.mode) for f in extra_layer(lab).files}
+
+
+def test_the_daemonless_layout_carries_the_wheel(lab, base, tmp_path):
+    result = build(LAB, base=f"{base['layout']}:base", output=tmp_path / "out", quiet=True, cache=tmp_path / "cache",
+                   revision="0" * 40, source_url="https://example.invalid/patchkit", epoch=1_700_000_000)
+    out = tmp_path / "out"
+    manifest = json.loads((out / "blobs/sha256" / result.built.digest[7:]).read_bytes())
+    blobs = [(out / "blobs/sha256" / layer["digest"][7:]).read_bytes() for layer in manifest["layers"]]
+    fs, top = flatten(blobs), flatten(blobs[-1:])
+    expected = expected_files(lab)
+    assert len(expected) == 11 and all(p in top for p in expected), "in the new layer itself"
+    for path, (data, mode) in expected.items():
+        assert fs[path][0] == data and fs[path][1].mode == mode and (fs[path][1].uid, fs[path][1].gid) == (0, 0)
+    for folder in ("instanttensor", "instanttensor-0.2.2.dist-info", "instanttensor-0.2.2.dist-info/licenses"):
+        assert top[f"{SITE.lstrip('/')}/{folder}"][1].isdir() and top[f"{SITE.lstrip('/')}/{folder}"][1].mode == 0o755
+    assert not [p for p in top if "__pycache__/instanttensor" in p or p.endswith(".pyc") and "instanttensor" in p]
+
+
+@pytest.mark.registry
+def test_the_engine_routes_carry_the_same_files(lab, base, registry_server, client, podman, tmp_path):
+    """--load through podman (the base in the engine: layer.tar), and the --engine route's rendered context."""
+    ref = push_base(base, registry_server.host, "vllm/extras-base")
+    expected = expected_files(lab)
+    dry = build(LAB, base=ref, dry_run=True, quiet=True, cache=tmp_path / "cache")
+    context = render_context(dry.built, tmp_path / "context")
+    for path, (data, mode) in expected.items():
+        copied = context / "rootfs" / path
+        assert copied.read_bytes() == data and copied.stat().st_mode & 0o7777 == mode
+    assert (context / "rootfs" / SITE.lstrip("/") / "instanttensor").stat().st_mode & 0o7777 == 0o755
+
+    client.api.pull(ref.split(":base@")[0], tag=base["index"], platform="linux/arm64")
+    loaded = build(LAB, base=ref, load=True, engine_url=podman, quiet=True, cache=tmp_path / "cache").built
+    assert loaded.image_id
+    container = client.containers.create(loaded.image_id, command=["/x"], entrypoint=[])
+    try:
+        chunks, _ = container.get_archive(SITE)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
+            found = {f"{os.path.dirname(SITE).lstrip('/')}/{i.name}": (tar.extractfile(i).read(), i.mode & 0o7777)
+                     for i in tar if i.isreg() and "instanttensor" in i.name}
+    finally:
+        container.remove(force=True)
+    assert found == expected

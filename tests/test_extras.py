@@ -253,7 +253,7 @@ def expected_files(lab) -> dict[str, tuple[bytes, int]]:
 
 
 def test_the_daemonless_layout_carries_the_wheel(lab, base, tmp_path):
-    result = build(LAB, base=f"{base['layout']}:base", output=tmp_path / "out", quiet=True, cache=tmp_path / "cache",
+    result = build(LAB, base=f"{base['layout']}:base", output=tmp_path / "out", cache=tmp_path / "cache",
                    revision="0" * 40, source_url="https://example.invalid/patchkit", epoch=1_700_000_000)
     out = tmp_path / "out"
     manifest = json.loads((out / "blobs/sha256" / result.built.digest[7:]).read_bytes())
@@ -273,7 +273,7 @@ def test_the_engine_routes_carry_the_same_files(lab, base, registry_server, clie
     """--load through podman (the base in the engine: layer.tar), and the --engine route's rendered context."""
     ref = push_base(base, registry_server.host, "vllm/extras-base")
     expected = expected_files(lab)
-    dry = build(LAB, base=ref, dry_run=True, quiet=True, cache=tmp_path / "cache")
+    dry = build(LAB, base=ref, dry_run=True, cache=tmp_path / "cache")
     context = render_context(dry.built, tmp_path / "context")
     for path, (data, mode) in expected.items():
         copied = context / "rootfs" / path
@@ -281,7 +281,7 @@ def test_the_engine_routes_carry_the_same_files(lab, base, registry_server, clie
     assert (context / "rootfs" / SITE.lstrip("/") / "instanttensor").stat().st_mode & 0o7777 == 0o755
 
     client.api.pull(ref.split(":base@")[0], tag=base["index"], platform="linux/arm64")
-    loaded = build(LAB, base=ref, load=True, engine_url=podman, quiet=True, cache=tmp_path / "cache").built
+    loaded = build(LAB, base=ref, load=True, engine_url=podman, cache=tmp_path / "cache").built
     assert loaded.image_id
     container = client.containers.create(loaded.image_id, command=["/x"], entrypoint=[])
     try:
@@ -292,3 +292,23 @@ def test_the_engine_routes_carry_the_same_files(lab, base, registry_server, clie
     finally:
         container.remove(force=True)
     assert found == expected
+
+
+def test_the_wheel_path_names_the_images_extra_wheels_for_pip(wheels, tmp_path):
+    """The patched vLLM wheel is vLLM alone: `patchkit wheel build` of an image's series says which pinned
+    wheels its image carries beside it, and how pip installs them (vLLM 0.33.0's x86_64 wheel, cached)."""
+    proc = subprocess.run([sys.executable, "-m", "patchkit", "wheel", "build", "--series", LAB, "--platform", "x86_64",
+                           "--output", str(tmp_path / "out"), "--json"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    (summary,) = json.loads(proc.stdout)
+    requirement = ("instanttensor==0.2.2 --hash=sha256:94dabc13981fe89982a807572593c4f697a3a3bae02fa13cb469960885901247 "
+                   "--hash=sha256:382954f2329fc085ff298ce0205a06ce0fc8c67a704fc032613931a5ae9018d5")
+    assert summary["series"] == LAB and summary["extras"] == [requirement]
+    said = " ".join(proc.stderr.split())
+    assert "its image also carries instanttensor==0.2.2: `pip install instanttensor==0.2.2`" in said
+    assert f"`{requirement}` in a requirements file for `pip install --require-hashes -r`" in said
+    # the line, as pip reads it, installs exactly the pinned file
+    (tmp_path / "requirements.txt").write_text(requirement + "\n")
+    pip("--target", str(tmp_path / "pinned"), "--find-links", str(wheels), *PIP_TARGET, "--require-hashes",
+        "-r", str(tmp_path / "requirements.txt"))
+    assert (tmp_path / "pinned" / "instanttensor-0.2.2.dist-info" / "RECORD").is_file()

@@ -49,14 +49,28 @@ def build_cmd(version, series_names, platforms, output, patches_dir, as_json):
     for arch in platforms or ARCHES:
         release = release_wheel(version, arch, progress=err_console.is_terminal)
         for name in names:
-            _, patches = load_series(patches_dir, name)
+            patchset, patches = load_series(patches_dir, name)
             result = build_wheel(release, patches, name, output)
-            built.append(result.summary())
+            extras = _extra_wheels(images, name, patchset)
+            built.append({**result.summary(), "extras": extras})
             err_console.print(f"{name} ({arch}): {result.path.name}")
+            for requirement in extras:  # the image's [wheels] are not inside vLLM's wheel: installed beside it
+                err_console.print(f"  its image also carries {requirement.split()[0]}: `pip install "
+                                  f"{requirement.split()[0]}`, or pinned: `{requirement}` in a requirements file "
+                                  "for `pip install --require-hashes -r`")
     if as_json:
         click.echo(json.dumps(built, indent=2, sort_keys=True))
     else:
         console.print(_table(built))
+
+
+def _extra_wheels(images: Path, series: str, patchset) -> list[str]:
+    """The pip requirement of each extra wheel (`[wheels]`) the image of `series` carries, hashes pinned."""
+    if series == "full":
+        return []
+    from patchkit.images.definitions import load_image
+
+    return [pin.requirement for _, pin in sorted(load_image(images, series, patchset).wheels.items())]
 
 
 def _table(built: list[dict]):

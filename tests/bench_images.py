@@ -26,7 +26,8 @@ from engines import PodmanService
 from realistic_base import push_layout, realistic_layout
 from registry import Registry
 
-from patchkit.images.build import build, render_context
+from patchkit.images.build import build
+from patchkit.images.engine import render_context
 from patchkit.images.local import build_local
 
 REVISION = "bench"

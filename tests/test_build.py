@@ -41,16 +41,13 @@ from registry import (  # noqa: F401
 )
 
 from patchkit.errors import PatchFailed, PatchkitError
-from patchkit.images.build import (
-    BYTECODE_STUB,
-    build,
-    build_with_engine,
-    prepare,
-    render_context,
-)
+from patchkit.images.build import build
 from patchkit.images.definitions import ARCH_ENV, load_image
+from patchkit.images.engine import BYTECODE_STUB, build_with_engine, render_context
+from patchkit.images.prepare import prepare
 from patchkit.oci.media import OCI_LAYER_GZIP, OCI_MANIFEST
 from patchkit.patching.patchset import load_patchset
+from patchkit.patching.series import series_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = sorted(p.parent.name for p in (ROOT / "images").glob("*/image.toml"))
@@ -313,17 +310,44 @@ def test_dry_run_prints_the_changes_and_writes_nothing(base, tmp_path, monkeypat
     assert f"would produce {result.built.digest}" in said
 
 
-def test_a_patch_out_of_range_for_the_declared_layout_fails_the_build(base, patchset, tmp_path):
-    """An image never ships without a fix its series promises: a base whose declared layout (here 0.29.0,
-    before glm5next existed) falls outside a series patch's range is an error naming the patch."""
+def test_a_base_outside_every_patchs_range_builds_nothing(base, patchset, tmp_path):
+    """A base whose declared layout (here 0.29.0, before glm5next existed) is outside every series patch's
+    range: each is left out (patching.carry), so the image would change nothing and is refused, naming
+    each patch's state."""
     image = load_image(ROOT / "images", "glm53-flash-nvfp4", patchset)
     vllm = dataclasses.replace(image.packages["vllm"], version="0.33.0", layout="0.29.0")
     own = dataclasses.replace(image, base=f"synthetic/base:base@{base['index']}", packages={"vllm": vllm})
     with pytest.raises(PatchkitError) as info:
         prepare(own, patchset, base=f"{base['layout']}:base", cache=tmp_path / "cache")
+    assert not isinstance(info.value, PatchFailed)
     message = str(info.value)
-    assert "patch nope-mla-pad is out-of-range" in message and "0.29.0 not in" in message
-    assert "series promises it" in message
+    assert "image glm53-flash-nvfp4 changes nothing in" in message
+    assert all(f"{patch}: out-of-range" in message for patch in image.series), message
+
+
+def test_a_patch_out_of_range_is_left_out_and_named_as_skipped(base, tmp_path):
+    """The carry rule images share with wheels (tests/test_wheels.py has the wheel's side): a series patch
+    whose range ends before the base's release is not carried: left out of the series labels, the hash and
+    the layer, and named in dev.patchkit.skipped with its state; the other patches are built as before."""
+    patches = shutil.copytree(ROOT / "patches", tmp_path / "patches")
+    toml = patches / "pool-topk-init" / "patch.toml"
+    assert toml.read_text().count('vllm = ">=0.30.0,<0.34"') == 1
+    toml.write_text(toml.read_text().replace('vllm = ">=0.30.0,<0.34"', 'vllm = ">=0.30.0,<0.33"'))
+    narrowed = load_patchset(patches)
+    result = run_build("glm53-flash-nvfp4", tmp_path, base=f"{base['layout']}:base", patches_dir=patches,
+                       dry_run=True)
+    prepared = result.built.prepared
+    assert {p.id: state for p, state, _ in prepared.skipped}["pool-topk-init"] == "out-of-range"
+    assert "pool-topk-init" not in [p.id for p in prepared.carried]
+    annotations = result.built.annotations
+    assert "pool-topk-init:out-of-range" in annotations["dev.patchkit.skipped"].split(",")
+    assert "pool-topk-init" not in annotations["dev.patchkit.series"].split(",")
+    assert annotations["dev.patchkit.series.hash"] == series_hash(prepared.carried)
+    others = {c for p in prepared.carried for e in p.edits for c in e.candidates}
+    its_own = {c for e in narrowed.patch("pool-topk-init").edits for c in e.candidates} - others
+    whole = run_build("glm53-flash-nvfp4", tmp_path, base=f"{base['layout']}:base", dry_run=True).built.prepared
+    assert its_own & {f.change.path for f in whole.files}, "carried, the patch changes files of its own"
+    assert not its_own & {f.change.path for f in prepared.files}
 
 
 # -- engine path ---------------------------------------------------------------------------------------

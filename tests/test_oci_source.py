@@ -147,14 +147,18 @@ def test_a_member_past_the_member_limit_is_refused_unread(tmp_path, monkeypatch)
     assert (err.value.kind, err.value.size) == ("member", 4096)
 
 
-def test_bytecode_of_a_module_is_listed(tmp_path):
-    layer = tar_gz({f"{SITE}/vllm/m/a.py": b"a\n", f"{SITE}/vllm/m/__pycache__/a.cpython-312.pyc": b"pyc",
-                    f"{SITE}/vllm/m/__pycache__/a.cpython-312.opt-1.pyc": b"pyc",
-                    f"{SITE}/vllm/m/__pycache__/ab.cpython-312.pyc": b"other module"})
+def test_bytecode_of_a_module_is_what_its_interpreter_loads_and_what_the_layers_show(tmp_path):
+    """The interpreter's three names (python3.12 in the path) whether or not a layer holds them, and every
+    bytecode file of the module a layer read shows (another tag, a legacy pyc beside it); not a neighbour's."""
+    folder = f"{SITE}/vllm/m"
+    layer = tar_gz({f"{folder}/a.py": b"a\n", f"{folder}/__pycache__/a.cpython-312.pyc": b"pyc",
+                    f"{folder}/__pycache__/a.cpython-311.pyc": b"pyc", f"{folder}/a.pyc": b"legacy",
+                    f"{folder}/__pycache__/ab.cpython-312.pyc": b"other module"})
     src = source(tmp_path, [layer])
     src.read("vllm", "m/a.py")
-    assert src.pycache("vllm", "m/a.py") == [f"/{SITE}/vllm/m/__pycache__/a.cpython-312.opt-1.pyc",
-                                             f"/{SITE}/vllm/m/__pycache__/a.cpython-312.pyc"]
+    assert src.bytecode("vllm", "m/a.py") == sorted(
+        [f"/{folder}/__pycache__/a.cpython-311.pyc", f"/{folder}/a.pyc",
+         *(f"/{folder}/__pycache__/a.cpython-312{opt}.pyc" for opt in ("", ".opt-1", ".opt-2"))])
 
 
 def test_a_base_for_another_platform_is_refused(tmp_path):

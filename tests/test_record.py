@@ -19,7 +19,6 @@ from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
 from patchkit.patching.record import record, write_recording
 from patchkit.sources import DirectorySource, open_source
-from patchkit.sources.base import read_many
 
 REPO = Path(__file__).resolve().parents[1]
 # persistent-topk-cc12's [upstreamed] probe fires on every release (version_tuple = (0, 3...)); its edits
@@ -32,7 +31,7 @@ def stock_files():
     source = open_source("vllm==0.33.0", progress=False)
     paths = {c for p in load_patchset(REPO / "patches").series() for e in p.edits if e.package == "vllm"
              for c in e.candidates} | {"__init__.py", "_version.py"}
-    return {path: data for path, data in read_many(source, "vllm", sorted(paths)).items() if data is not None}
+    return {path: data for path, data in source.read_many("vllm", sorted(paths)).items() if data is not None}
 
 
 def write_tree(root: Path, files: dict[str, bytes]) -> Path:

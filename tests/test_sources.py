@@ -32,7 +32,6 @@ from patchkit.sources import (
     combine_sources,
     discover_releases,
     open_source,
-    read_many,
 )
 from patchkit.sources.base import relative_path
 
@@ -333,7 +332,7 @@ def test_sdist_file_reads_members_and_version_from_pkg_info(tmp_path):
     source = open_source(str(path))
     assert isinstance(source, SdistSource)
     assert source.versions() == {"vllm": "0.33.0"}
-    assert read_many(source, "vllm", ["config/model.py", "nope.py"]) == {
+    assert source.read_many("vllm", ["config/model.py", "nope.py"]) == {
         "config/model.py": VLLM_FILES["config/model.py"],
         "nope.py": None,
     }
@@ -653,7 +652,7 @@ def test_combined_sources_route_by_package_and_refuse_a_package_twice(tmp_path, 
     both = combine_sources([vllm, open_source(str(wheel))])
     assert both.versions() == {"vllm": "0.33.0", "flashinfer": "0.7.2"}
     assert both.read("flashinfer", "a.py") == b"A\n"
-    assert read_many(both, "vllm", ["config/model.py"]) == {"config/model.py": VLLM_FILES["config/model.py"]}
+    assert both.read_many("vllm", ["config/model.py"]) == {"config/model.py": VLLM_FILES["config/model.py"]}
     assert " + " in both.description
     assert combine_sources([vllm]) is vllm
     with pytest.raises(PatchkitError, match=r"package vllm is in two sources"):
@@ -671,7 +670,7 @@ def test_real_vllm_sdist_from_the_index(monkeypatch):
     source = open_source("vllm==0.33.0", progress=False)  # the user cache: downloaded once, then reused
     assert source.versions() == {"vllm": "0.33.0"}
     assert source.description.startswith("vllm 0.33.0 sdist (index, sha256 ")
-    files = read_many(source, "vllm", ["_version.py", "config/__init__.py", "envs.py", "no/such/file.py"])
+    files = source.read_many("vllm", ["_version.py", "config/__init__.py", "envs.py", "no/such/file.py"])
     assert b"0.33.0" in files["_version.py"]
     assert files["config/__init__.py"] and files["envs.py"]
     assert files["no/such/file.py"] is None

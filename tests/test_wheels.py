@@ -30,9 +30,10 @@ from click.testing import CliRunner
 from patchkit import __version__
 from patchkit.cli.main import main
 from patchkit.cli.wheel import wheel_group
-from patchkit.errors import PatchFailed
+from patchkit.errors import PatchFailed, PatchkitError
 from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
+from patchkit.patching.series import series_hash
 from patchkit.sources.wheel import WheelSource
 from patchkit.wheels.build import build_wheel
 from patchkit.wheels.index import write_index
@@ -153,6 +154,48 @@ def test_a_series_that_does_not_apply_writes_no_wheel(release, tmp_path):
                                        "--patches", str(patches), "--output", str(out)])
     assert result.exit_code == 1, result.output
     assert "modelopt-mtp-namespace" in result.output and "anchor expected 1x, found 0x" in result.output
+    assert not out.exists()
+
+
+def narrowed(tmp_path: Path, ranges: dict[str, str]) -> Path:
+    """A copy of the patch set with the given patches' vLLM ranges replaced."""
+    patches = shutil.copytree(REPO / "patches", tmp_path / "patches")
+    for patch_id, spec in ranges.items():
+        toml = patches / patch_id / "patch.toml"
+        assert toml.read_text().count('vllm = ">=0.30.0,<0.34"') == 1
+        toml.write_text(toml.read_text().replace('vllm = ">=0.30.0,<0.34"', f'vllm = "{spec}"'))
+    return patches
+
+
+def test_a_patch_out_of_range_is_left_out_of_the_wheel(release, built, tmp_path):
+    """The carry rule wheels share with images (tests/test_build.py has the image's side): a patch whose
+    range ends before the release is not carried: recorded in patchkit.json's skipped with its state, out
+    of the patches, the hash and the files; the rest built as before."""
+    patchset = load_patchset(narrowed(tmp_path, {"modelopt-mtp-namespace": ">=0.30.0,<0.33"}))
+    wheel = build_wheel(release, patchset.series(), "full", tmp_path / "out")
+    skipped = {p.id: p.state for p in wheel.manifest.skipped}
+    assert skipped["modelopt-mtp-namespace"] == "out-of-range"
+    carried = [p.id for p in wheel.manifest.patches]
+    assert carried == [p.id for p in built.manifest.patches if p.id != "modelopt-mtp-namespace"]
+    assert wheel.manifest.series_hash == series_hash([patchset.patch(i) for i in carried])
+    assert wheel.manifest.series_hash != built.manifest.series_hash
+
+    def files_of(*ids):
+        return {f"vllm/{c}" for i in ids for e in patchset.patch(i).edits if e.package == "vllm" for c in e.candidates}
+
+    its_own = files_of("modelopt-mtp-namespace") - files_of(*carried)
+    assert its_own & {f["path"] for f in built.manifest.files}, "carried, the patch changes files of its own"
+    assert not its_own & {f["path"] for f in wheel.manifest.files}
+
+
+def test_a_release_outside_every_range_builds_no_wheel(release, tmp_path):
+    patches = narrowed(tmp_path, {p.id: ">=0.30.0,<0.33" for p in load_patchset(REPO / "patches").series()})
+    out = tmp_path / "out"
+    with pytest.raises(PatchkitError) as info:
+        build_wheel(release, load_patchset(patches).series(), "full", out)
+    assert not isinstance(info.value, PatchFailed)
+    assert f"series full changes nothing in {release.name}" in str(info.value)
+    assert "modelopt-mtp-namespace: out-of-range" in str(info.value)
     assert not out.exists()
 
 

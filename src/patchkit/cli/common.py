@@ -55,11 +55,11 @@ def parse_assumed(values: tuple[str, ...]) -> dict[str, str]:
 
 
 def refuse_if_out_of_every_range(plan) -> None:
-    """A tree (or an assumed version) outside every patch's range is not "already applied": exit 1."""
-    from patchkit.patching.planner import State
+    """A tree (or an assumed version) outside every patch's range is not "already applied": exit 1 (the
+    rule is patching.carry's, the one images and wheels follow)."""
+    from patchkit.patching.carry import out_of_every_range
 
-    states = {r.state for r in plan.results}
-    if State.OUT_OF_RANGE in states and states <= {State.OUT_OF_RANGE, State.NOT_APPLICABLE}:
+    if out_of_every_range(plan):
         found = ", ".join(f"{k} {v}" for k, v in sorted(plan.versions.items()))
         raise PatchFailed(f"no patch of the series applies to {found} ({plan.source}); "
                           "see `patchkit list` for the ranges")

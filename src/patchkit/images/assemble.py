@@ -23,17 +23,19 @@ from patchkit import __version__
 from patchkit.errors import PatchkitError
 from patchkit.images.labels import describe_image
 from patchkit.images.prepare import Prepared
+from patchkit.oci.base import BaseImage
 from patchkit.oci.image import layout_index, new_config, new_manifest
 from patchkit.oci.layer import Entry, Layer, build_layer, whiteout_path
 from patchkit.oci.layout import LocalBlob, write_layout
 from patchkit.oci.media import OCI_MANIFEST, canonical_json, sha256_digest
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference, RegistryClient
+from patchkit.oci.source import ImageLayersSource
 
 
 @dataclass
 class Built:
-    prepared: Prepared
+    prepared: Prepared[BaseImage, ImageLayersSource]
     layer: Layer
     config_bytes: bytes
     manifest_bytes: bytes
@@ -48,7 +50,7 @@ class Built:
         return sha256_digest(self.manifest_bytes)
 
 
-def assemble(prepared: Prepared, *, epoch: int | None = None, revision: str | None = None,
+def assemble(prepared: Prepared[BaseImage, ImageLayersSource], *, epoch: int | None = None, revision: str | None = None,
              source_url: str | None = None) -> Built:
     image, base = prepared.image, prepared.base
     meta = describe_image(prepared, epoch=epoch, revision=revision, source_url=source_url)
@@ -132,7 +134,7 @@ def describe(built: Built, progress: Progress) -> None:
         say(line)
     for key, value in p.image.env.items():
         say(f"  ENV {key}={value}")
-    read = set(getattr(p.source, "layers_read", ()))
+    read = set(p.source.layers_read)
     for d in p.base.layers:
         if d["digest"] not in read:
             say(f"  base layer {d['digest']} ({d['size']:,} B) not read: it holds none of the files to patch, "

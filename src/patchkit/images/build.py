@@ -34,20 +34,15 @@ from pathlib import Path
 from patchkit import CHECKOUT
 from patchkit.images.assemble import Built, assemble, describe, push_image, write_output
 from patchkit.images.definitions import load_image
-from patchkit.images.engine import BYTECODE_STUB, build_with_engine, connect, dockerfile, render_context
-from patchkit.images.labels import ANNOTATION_PREFIX, build_epoch, git_revision, git_source_url, series_hash, tag_for
+from patchkit.images.engine import build_with_engine, connect
 from patchkit.images.local import Loaded, build_local, find_local_base, prepare_local
-from patchkit.images.prepare import CARRIED, SKIPPABLE, PatchedFile, Prepared, prepare
+from patchkit.images.prepare import prepare
 from patchkit.oci.media import Platform
 from patchkit.oci.progress import Progress, Quiet, RichProgress
 from patchkit.patching.patchset import load_patchset
 from patchkit.sources.cache import FileCache, default_cache_root
 
 REPO_ROOT = CHECKOUT
-# Names other modules and tests import from here (the module was split along these seams).
-__all__ = ["ANNOTATION_PREFIX", "BYTECODE_STUB", "CARRIED", "SKIPPABLE", "BuildResult", "Built", "Loaded",
-           "PatchedFile", "Prepared", "assemble", "build", "build_epoch", "build_with_engine", "dockerfile",
-           "git_revision", "git_source_url", "prepare", "render_context", "series_hash", "tag_for", "write_output"]
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""`ContainerSource`: the `patchkit.sources.Source` protocol over the local engine's copy of a base image.
+"""`ContainerSource`: the `patchkit.sources.base.ImageFiles` protocol over the local engine's copy of a base image.
 
 Files are read out of created, never started, containers of the base (`GET /containers/{id}/archive`,
 one request per file: kilobytes, not the image). Nothing runs in them: an arm64 base reads the same on
@@ -26,6 +26,7 @@ import tarfile
 import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import requests
 import urllib3
@@ -33,6 +34,7 @@ from packaging.utils import canonicalize_name
 
 from patchkit.errors import PatchkitError
 from patchkit.images.engine import EngineError
+from patchkit.oci.base import Base
 from patchkit.oci.layer import Member, normalize
 from patchkit.oci.source import PackagePaths, PackageRoot
 from patchkit.sources.cache import FileCache
@@ -49,6 +51,15 @@ READ_ATTEMPTS = 3    # an engine error on a read is retried on a new container (
 GO_MODE_SYMLINK = 1 << 27    # os.ModeSymlink in the engine's path-stat header (Go's FileMode bits)
 
 
+@dataclass(kw_only=True)
+class LocalBase(Base):
+    """The local engine's copy of the base (the --load route): `digest` is the registry digest the engine
+    recorded for it, else its image id; `repo_digests` the engine's RepoDigests (labels.base_annotations)."""
+
+    image_id: str          # always known: the engine found the image by it
+    from_ref: str          # what the Dockerfile's FROM names (resolved locally, never pulled)
+
+
 def cache_key(image_id: str, platform) -> str:
     """The member cache's key for an engine image: its id's hex digest (ids are `sha256:<hex>`) and the
     platform read (Docker's containerd image store names a multi-platform image by its index digest)."""
@@ -61,7 +72,8 @@ def cache_key(image_id: str, platform) -> str:
 class ContainerSource(PackagePaths):
     """The base's files as the engine holds them: from the member cache, else from containers of it."""
 
-    def __init__(self, client, base, packages: Iterable[PackageRoot], cache: FileCache, *, trust_cache: bool = True):
+    def __init__(self, client, base: LocalBase, packages: Iterable[PackageRoot], cache: FileCache, *,
+                 trust_cache: bool = True):
         self.client, self.base, self.cache = client, base, cache
         self.packages = {p.name: p for p in packages}
         self.received = 0                                               # bytes read from the engine
@@ -78,7 +90,7 @@ class ContainerSource(PackagePaths):
         self._created: list = []
         self._making = 0
 
-    # -- the Source protocol ----------------------------------------------------------------------------
+    # -- the ImageFiles protocol ------------------------------------------------------------------------
     def read(self, package: str, path: str) -> bytes | None:
         name = self._path(package, path)
         found = self._fetch("/" + name) if name else None
@@ -98,10 +110,18 @@ class ContainerSource(PackagePaths):
         found = self._fetch(image_path)
         return found[0] if found else None
 
-    def pycache(self, package: str, path: str) -> list[str]:
-        """None listed: listing `__pycache__` would move every pyc in it; the stubs cover the names the
-        image's interpreter uses (images.prepare.bytecode_names)."""
-        return []
+    def bytecode(self, package: str, path: str) -> list[str]:
+        """The names the image's interpreter would load (`oci.source.bytecode_names`), the only bytecode
+        that can run instead of the module, so `__pycache__` is not listed (through the engine that moves
+        every pyc in it). A path that names no interpreter (no `pythonX.Y`) is refused: which names to
+        stub cannot be told without that listing, and a stale pyc left to run is a wrong image."""
+        names = super().bytecode(package, path)
+        if path.endswith(".py") and not names:
+            raise PatchkitError(f"{self.base.spec}: {self.image_path(package, path)} names no pythonX.Y, so the "
+                                "bytecode its interpreter would run instead of it cannot be told without listing "
+                                "its __pycache__ through the engine; build without --load (daemonless, from the "
+                                "base's layers, which lists them)")
+        return names
 
     def close(self) -> None:
         """Remove the containers made (also when the build failed), then keep what was learnt."""
@@ -323,6 +343,8 @@ class ContainerSource(PackagePaths):
     def _suffixed(self, version: str) -> list[str]:
         """`version` with the CUDA suffix vLLM's setup.py appends (`cu` + the CUDA_VERSION the nvidia/cuda
         base images set, major and minor: 13.0.1 -> cu130), the one suffix the engine's config can tell."""
+        import docker
+
         try:
             env = self.client.api.inspect_image(self.base.image_id).get("Config", {}).get("Env") or []
         except ENGINE_GONE as exc:

@@ -11,10 +11,8 @@ Two rules keep the metadata honest and the build reproducible:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,20 +20,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 from patchkit import CHECKOUT
 from patchkit.errors import PatchkitError
+from patchkit.oci.base import Base
 from patchkit.oci.image import epoch_timestamp
-from patchkit.oci.media import canonical_json
-from patchkit.patching.patchset import Patch
+from patchkit.patching.series import series_hash
 
 if TYPE_CHECKING:
     from patchkit.images.prepare import Prepared
 
 ANNOTATION_PREFIX = "dev.patchkit"
 _SCP_LIKE = re.compile(r"^(?:[^@/:]+@)?(?P<host>[A-Za-z0-9.-]+\.[A-Za-z]{2,}):(?!//)(?P<path>[^\\]+)$")
-
-
-def series_hash(patches: Sequence[Patch]) -> str:
-    """12 hex of sha256 over the carried patches' ids and content digests, in order."""
-    return hashlib.sha256(canonical_json([[p.id, p.digest] for p in patches])).hexdigest()[:12]
 
 
 def tag_for(version: str) -> str:
@@ -57,7 +50,7 @@ def names_engine_id(spec: str, image_id: str) -> bool:
     return bool(re.fullmatch(r"[0-9a-f]+", given)) and hex_id.startswith(given)
 
 
-def base_annotations(base) -> dict[str, str]:
+def base_annotations(base: Base) -> dict[str, str]:
     """`org.opencontainers.image.base.name` / `.base.digest` from what names the base in a registry, and
     nothing else. The OCI annotations spec: base.name is "the image reference of the image this image is
     based on", in distribution's reference grammar, and base.digest "the digest of the image this image
@@ -68,7 +61,7 @@ def base_annotations(base) -> dict[str, str]:
       given, else the first); an image id, a short id or a local tag the engine knows no repo digest for
       names nothing a registry serves (an id is the digest of the image's config, not of a manifest):
       both are left out and `dev.patchkit.base.image-id` says which image it was."""
-    image_id = getattr(base, "image_id", None)
+    image_id = base.image_id
     if image_id is None:
         name = {} if base.reference is None else {"org.opencontainers.image.base.name": base.name}
         return {**name, "org.opencontainers.image.base.digest": base.digest}
@@ -77,7 +70,7 @@ def base_annotations(base) -> dict[str, str]:
     if ref is not None and ref.digest:
         return {**out, "org.opencontainers.image.base.name": str(ref.with_tag(ref.tag)),
                 "org.opencontainers.image.base.digest": ref.digest}
-    recorded = list(getattr(base, "repo_digests", ()) or ())
+    recorded = list(base.repo_digests)
     pick = next((rd for rd in recorded if ref is not None and rd.split("@", 1)[0] in (ref.name, ref.repository)),
                 recorded[0] if recorded else None)
     if pick is None or "@" not in pick:

@@ -36,7 +36,10 @@ CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
-class LoadedBase:
+class LoadedLayout:
+    """What `patchkit load` did: a receipt, not a base. A build on it finds it in the engine by its tag,
+    as any image there (images.local.LocalBase)."""
+
     tag: str           # the name the engine now has it under
     image_id: str      # the engine's id of it (the config's digest)
     config_digest: str
@@ -130,7 +133,7 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 
 def load_layout(spec: str, *, tag: str | None = None, engine_url: str | None = None, cache: Path | None = None,
-                progress: Progress | None = None) -> LoadedBase:
+                progress: Progress | None = None) -> LoadedLayout:
     """Load the layout `spec`'s linux/arm64 image into the engine under `tag` (default_tag)."""
     from patchkit.images.engine import connect
     from patchkit.sources.cache import default_cache_root
@@ -154,7 +157,7 @@ def load_layout(spec: str, *, tag: str | None = None, engine_url: str | None = N
         with open(archive, "rb") as data:
             _send(client, data, tag)
     image_id = _loaded_id(client, tag)
-    return LoadedBase(tag, image_id, base.manifest["config"]["digest"], layers, sent)
+    return LoadedLayout(tag, image_id, base.manifest["config"]["digest"], layers, sent)
 
 
 def _send(client, data: BinaryIO, tag: str) -> None:

@@ -27,7 +27,7 @@ from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
 from patchkit.images.engine import (BYTECODE_STUB, EngineError, dockerfile, engine_build, engine_push, engine_step,
                                     explain, tags_for)
-from patchkit.images.engine_files import ContainerSource
+from patchkit.images.engine_files import ContainerSource, LocalBase
 from patchkit.images.labels import describe_image
 from patchkit.images.prepare import Prepared, is_own_base, package_roots, plan_on
 from patchkit.oci.layer import normalize
@@ -36,18 +36,6 @@ from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
 from patchkit.patching.patchset import PatchSet
 from patchkit.sources.cache import FileCache
-
-
-@dataclass
-class LocalBase:
-    spec: str
-    name: str              # for org.opencontainers.image.base.name
-    digest: str            # the registry digest the engine recorded for it, else its image id
-    platform: Platform
-    image_id: str
-    from_ref: str          # what the Dockerfile's FROM names (resolved locally, never pulled)
-    reference: Reference | None = None
-    repo_digests: tuple[str, ...] = ()   # the engine's RepoDigests of it (labels.base_annotations)
 
 
 def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
@@ -86,11 +74,12 @@ def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
     digest = ref.digest if ref is not None and ref.digest else next(
         (rd.split("@", 1)[1] for rd in attrs.get("RepoDigests") or []), found.id)
     name = str(ref.with_tag(ref.tag)) if ref is not None else spec
-    return LocalBase(spec, name, digest, platform, found.id, from_ref, ref, tuple(attrs.get("RepoDigests") or ()))
+    return LocalBase(spec=spec, name=name, digest=digest, platform=platform, reference=ref, image_id=found.id,
+                     repo_digests=tuple(attrs.get("RepoDigests") or ()), from_ref=from_ref)
 
 
 def prepare_local(image: Image, patchset: PatchSet, client, base: LocalBase, *, explicit: bool,
-                  cache: FileCache) -> Prepared:
+                  cache: FileCache) -> Prepared[LocalBase, ContainerSource]:
     """Plan on the engine's copy of the base. A plan that fails on anything the cache answered is made
     again from the engine alone (refreshing the cache): a wrong cache entry costs time, never the build,
     and a failure is only ever reported against what the engine holds."""
@@ -114,7 +103,7 @@ def prepare_local(image: Image, patchset: PatchSet, client, base: LocalBase, *, 
 class Loaded:
     """An image built in the local engine from its copy of the base."""
 
-    prepared: Prepared
+    prepared: Prepared[LocalBase, ContainerSource]
     version: str
     tag: str
     labels: dict[str, str]
@@ -134,7 +123,7 @@ class Loaded:
         return self.prepared.source.received + self.sent
 
 
-def layer_tar(prepared: Prepared, epoch: int) -> bytes:
+def layer_tar(prepared: Prepared[LocalBase, ContainerSource], epoch: int) -> bytes:
     """The patched files (mode, owner as in the base) and the bytecode stubs, uncompressed, no directories
     (they exist in the base; an entry for one would overwrite its metadata)."""
     raw = io.BytesIO()
@@ -149,8 +138,8 @@ def layer_tar(prepared: Prepared, epoch: int) -> bytes:
     return raw.getvalue()
 
 
-def build_local(prepared: Prepared, client, *, push: Sequence[str] = (), epoch: int | None = None,
-                revision: str | None = None, source_url: str | None = None,
+def build_local(prepared: Prepared[LocalBase, ContainerSource], client, *, push: Sequence[str] = (),
+                epoch: int | None = None, revision: str | None = None, source_url: str | None = None,
                 progress: Progress | None = None) -> Loaded:
     progress = progress or Quiet()
     meta = describe_image(prepared, epoch=epoch, revision=revision, source_url=source_url)

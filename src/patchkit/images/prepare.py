@@ -1,40 +1,37 @@
 """Everything a build decides before it writes anything: the plan against the base's real files and the
 files of the new layer.
 
-The base's files come from a source that reads them where the base is (`ImageLayersSource` over a
-registry or layout's layers, or `images.local.ContainerSource` over the local engine's copy); the
-planner asserts every anchor against them. A broken or partial patch raises `PatchFailed` with the
-planner's diagnostic, a series patch the base does not cover raises `PatchkitError`.
+The base's files come from a source that reads them where the base is (`sources.base.ImageFiles`:
+`ImageLayersSource` over a registry or layout's layers, or `images.engine_files.ContainerSource` over the
+local engine's copy); the planner asserts every anchor against them. What the image carries is
+patching.carry's one rule: a broken or partial patch raises `PatchFailed` with the planner's diagnostic,
+a series that changes nothing in the base raises `PatchkitError`.
 """
 
 from __future__ import annotations
 
-import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
 from patchkit.images.extras import NO_EXTRAS, ExtraLayer, extra_layer
-from patchkit.oci.base import open_base
+from patchkit.oci.base import Base, BaseImage, open_base
 from patchkit.oci.layer import Entry, normalize
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.media import Platform
 from patchkit.oci.source import ImageLayersSource, PackageRoot
+from patchkit.patching.carry import carry
 from patchkit.patching.patchset import Patch, PatchSet
-from patchkit.patching.planner import FileChange, Plan, State, plan
+from patchkit.patching.planner import FileChange, Plan, plan
+from patchkit.sources.base import ImageFiles
 from patchkit.sources.cache import default_cache_root
 from patchkit.sources.installed_version import release_layouts
 
-# States a series patch may end in and still be part of a correct image. NOT_APPLIED: applied by this
-# build. APPLIED: the base already carries it. Anything else is either an error (broken, partial) or
-# a patch the image would claim without carrying it.
-CARRIED = (State.NOT_APPLIED, State.APPLIED)
-# Upstream carries the fix: reported, left out of the image's series labels. An out-of-range or
-# not-applicable patch is NOT skippable: the image names it, so a base it does not cover is an error
-# (an image must never ship without a fix its series promises).
-SKIPPABLE = (State.UPSTREAMED,)
+BaseT = TypeVar("BaseT", bound=Base)
+FilesT = TypeVar("FilesT", bound=ImageFiles)
 
 
 @dataclass(frozen=True)
@@ -48,12 +45,14 @@ class PatchedFile:
 
 
 @dataclass
-class Prepared:
-    """Everything decided before anything is written: the plan and the files of the new layer."""
+class Prepared(Generic[BaseT, FilesT]):
+    """Everything decided before anything is written: the plan and the files of the new layer. A route's
+    own steps see their own base and files: `Prepared[BaseImage, ImageLayersSource]` (daemonless,
+    --engine), `Prepared[LocalBase, ContainerSource]` (--load)."""
 
     image: Image
-    base: object                         # BaseImage (registry/layout) or images.local.LocalBase
-    source: object                       # ImageLayersSource or images.local.ContainerSource
+    base: BaseT
+    source: FilesT
     plan: Plan
     versions: dict[str, str]             # what the base carries
     engine_versions: dict[str, str]      # what ranges were judged against
@@ -90,7 +89,7 @@ def wanted_files(patches: list[Patch]):
 
 
 def prepare(image: Image, patchset: PatchSet, *, base: str | None = None, cache: Path | None = None,
-            progress: Progress | None = None, keep: bool = True) -> Prepared:
+            progress: Progress | None = None, keep: bool = True) -> Prepared[BaseImage, ImageLayersSource]:
     """Plan against a registry or OCI-layout base, reading only the layers that hold the files."""
     progress = progress or Quiet()
     spec = base or image.base
@@ -112,8 +111,8 @@ def prepare(image: Image, patchset: PatchSet, *, base: str | None = None, cache:
     return plan_on(image, patchset, base_image, source, own=own, spec=spec)
 
 
-def plan_on(image: Image, patchset: PatchSet, base_image, source, *, own: bool, spec: str,
-            dirs: bool = True) -> Prepared:
+def plan_on(image: Image, patchset: PatchSet, base_image: BaseT, source: FilesT, *, own: bool, spec: str,
+            dirs: bool = True) -> Prepared[BaseT, FilesT]:
     """Plan the image's series on `source` (the base's files) and collect the new layer's contents."""
     patches = patchset.series(list(image.series))
     extras = extra_layer(image)  # first: a wrong pin fails before the base is read
@@ -123,27 +122,14 @@ def plan_on(image: Image, patchset: PatchSet, base_image, source, *, own: bool, 
     # final release's public version when a device suffix (+cu130) hides it (sources.installed_version).
     engine_versions = {**release_layouts(versions), **(image.engine_versions() if own else {})}
     result = plan(patches, source, versions=engine_versions or None)
-    result.raise_for_errors()
-    carried, skipped = [], []
-    for r in result.results:
-        if r.state in CARRIED:
-            carried.append(r.patch)
-        elif r.state in SKIPPABLE:
-            skipped.append((r.patch, str(r.state), r.detail))
-        else:
-            raise PatchkitError(
-                f"image {image.name}: patch {r.patch.id} is {r.state} on {spec} ({r.detail}); the image's "
-                "series promises it: use a base it covers, or change the series or the patch's range"
-            )
-    if not result.changes:
-        states = ", ".join(f"{r.patch.id}: {r.state}" for r in result.results)
-        raise PatchkitError(f"image {image.name}: nothing to patch in {spec} ({states})")
+    carried = carry(result, f"image {image.name}", spec)
+    skipped = [(r.patch, str(r.state), r.detail) for r in carried.left_out]
     files, dir_entries, stale = layer_contents(source, result.changes, dirs=dirs)
-    return Prepared(image, base_image, source, result, versions, result.versions, carried, skipped, files,
+    return Prepared(image, base_image, source, result, versions, result.versions, carried.patches, skipped, files,
                     dir_entries, stale, extras)
 
 
-def layer_contents(source, changes: list[FileChange], *, dirs: bool = True):
+def layer_contents(source: ImageFiles, changes: list[FileChange], *, dirs: bool = True):
     """(patched files, their parent directories with the base's metadata, stale bytecode paths)."""
     files, stale, dir_paths = [], set(), set()
     for change in changes:
@@ -152,10 +138,7 @@ def layer_contents(source, changes: list[FileChange], *, dirs: bool = True):
         mode, uid, gid = (meta.mode, meta.uid, meta.gid) if meta else (0o644, 0, 0)
         files.append(PatchedFile(path, change.new, mode, uid, gid, change))
         dir_paths.update("/" + a for a in _ancestors(normalize(path)))
-        if change.path.endswith(".py"):
-            found = source.pycache(change.package, change.path)
-            stale.update(found)
-            stale.update(bytecode_names(path))
+        stale.update(source.bytecode(change.package, change.path))
     for pyc in stale:
         dir_paths.update("/" + a for a in _ancestors(normalize(pyc)))
     entries = []
@@ -164,7 +147,7 @@ def layer_contents(source, changes: list[FileChange], *, dirs: bool = True):
         if meta is not None and meta.kind == "dir":
             entries.append(Entry(d, "dir", mode=meta.mode, uid=meta.uid, gid=meta.gid))
         elif meta is not None:
-            raise PatchkitError(f"{source.base.spec}: {d} is a {meta.kind}, not a directory")
+            raise PatchkitError(f"{source.description}: {d} is a {meta.kind}, not a directory")
     return files, entries, sorted(stale)
 
 
@@ -174,13 +157,3 @@ def _ancestors(name: str) -> list[str]:
         name = name.rsplit("/", 1)[0]
         out.append(name)
     return out
-
-
-def bytecode_names(py_path: str) -> list[str]:
-    """The pyc names the image's interpreter would write for a module, from `pythonX.Y` in its path."""
-    m = re.search(r"/python(\d)\.(\d+)/", py_path)
-    if not m:
-        return []
-    folder, stem = posixpath.split(py_path[:-3])
-    tag = f"cpython-{m.group(1)}{m.group(2)}"
-    return [f"{folder}/__pycache__/{stem}.{tag}{opt}.pyc" for opt in ("", ".opt-1", ".opt-2")]

@@ -41,18 +41,31 @@ def default_cache() -> Path:
     return default_cache_root() / "oci"
 
 
-@dataclass
-class BaseImage:
+@dataclass(kw_only=True)
+class Base:
+    """The image a build adds its layer to, as every build route knows it: a registry or layout base read
+    daemonless (`BaseImage`, also what the --engine route plans on) or the local engine's copy of it
+    (`images.local.LocalBase`, the --load route). The annotations naming the base (images.labels) read
+    these fields, and only these."""
+
     spec: str                     # as given (image.toml or --base)
     name: str                     # for org.opencontainers.image.base.name
-    digest: str                   # what the spec resolved to (index or manifest): base.digest
+    digest: str                   # what a registry serves it by (index or manifest); else the engine's image id
     platform: Platform
+    reference: Reference | None = None   # the registry reference it was named by; None for a layout or an id
+    image_id: str | None = None          # the engine's id of it (its config's digest); None outside an engine
+    repo_digests: tuple[str, ...] = ()   # the engine's RepoDigests of it (name@digest it was pulled by)
+
+
+@dataclass(kw_only=True)
+class BaseImage(Base):
+    """A registry or OCI-layout base, its manifest and config checked, its blobs read on demand."""
+
     manifest_bytes: bytes
     manifest: dict                # checked against oci.schema.Manifest before it is kept here
     manifest_digest: str
     config_bytes: bytes
     config: dict                  # checked against oci.schema.ImageConfig
-    reference: Reference | None = None
     layout: Layout | None = None
     cache: Path = field(default_factory=default_cache)
     client: RegistryClient | None = None

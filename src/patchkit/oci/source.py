@@ -1,4 +1,4 @@
-"""`ImageLayersSource`: the `patchkit.sources.Source` protocol over a base image's layers.
+"""`ImageLayersSource`: the `patchkit.sources.base.ImageFiles` protocol over a base image's layers.
 
 The engine asks for files one at a time (`read(package, path)`); this answers from the merged view of
 the layers without unpacking the image: layers are streamed top-most first and a lookup stops at the
@@ -6,8 +6,8 @@ first layer that holds the path (or hides it with a whiteout, an opaque director
 parent), so layers below the one holding the files are never fetched. A path that is absent stops at
 the layer that installed its package when that install's dist-info RECORD does not list it (below).
 Each layer read keeps a small listing of the paths that matter (the package trees, their ancestors and
-the `*.dist-info/METADATA` and `RECORD` beside them) and the contents of the files asked for, so a layer is streamed once when the build
-announces its files with `prefetch()` first.
+the `*.dist-info/METADATA` and `RECORD` beside them) and the contents of the files asked for, so a layer is
+streamed once when the build announces its files with `prefetch()` first (`read_many` announces its own).
 
 Only regular files are read: a target that is a symlink or hard link in the base is refused (a patch
 written through a link would change a file the anchors were never checked against).
@@ -28,8 +28,9 @@ from patchkit.errors import PatchkitError
 from patchkit.oci.base import BaseImage
 from patchkit.oci.layer import Member, iter_layer, normalize
 from patchkit.oci.media import READABLE_LAYERS
-from patchkit.untrusted import InputTooLarge, limit_of, read_stream
+from patchkit.sources.base import SourceDefaults
 from patchkit.sources.installed_version import VERSION_MODULES, held_version
+from patchkit.untrusted import InputTooLarge, limit_of, read_stream
 
 _METADATA_RE = re.compile(r"^(?P<name>[^/]+)-(?P<version>[^/-]+)\.dist-info/METADATA$")
 _RECORD_RE = re.compile(r"^(?P<name>[^/]+)-(?P<version>[^/-]+)\.dist-info/RECORD$")
@@ -61,12 +62,34 @@ def _ancestors(name: str) -> Iterable[str]:
         yield name
 
 
-class PackagePaths:
-    """What every source over an image's file system shares: package-relative paths to image paths, and
-    the versions, worked out once (`_version(root)` by the subclass)."""
+def bytecode_names(py_path: str) -> list[str]:
+    """The pyc names the image's interpreter would load for a module, from `pythonX.Y` in its path: the
+    only bytecode that can run instead of the source (a pyc of another tag is another interpreter's, and a
+    sourceless `<stem>.pyc` beside the source is shadowed by it: FileFinder tries the source loader first).
+    None when the path names no interpreter."""
+    m = re.search(r"/python(\d)\.(\d+)/", py_path)
+    if not m:
+        return []
+    folder, stem = posixpath.split(py_path[:-3])
+    tag = f"cpython-{m.group(1)}{m.group(2)}"
+    return [f"{folder}/__pycache__/{stem}.{tag}{opt}.pyc" for opt in ("", ".opt-1", ".opt-2")]
+
+
+class PackagePaths(SourceDefaults):
+    """What every source over an image's file system shares (the `ImageFiles` protocol's common part):
+    package-relative paths to image paths, batches read as an announcement then the reads, and the
+    versions, worked out once (`_version(root)`, `prefetch`, `read`, `meta` by the subclass)."""
 
     packages: dict[str, PackageRoot]
+    description: str
     _versions: dict[str, str] | None = None
+
+    def prefetch(self, files: Iterable[tuple[str, str]]) -> None:
+        raise NotImplementedError
+
+    def read_many(self, package: str, paths: list[str]) -> dict[str, bytes | None]:
+        self.prefetch((package, path) for path in paths)
+        return {path: self.read(package, path) for path in paths}
 
     def versions(self) -> dict[str, str]:
         if self._versions is None:
@@ -79,6 +102,10 @@ class PackagePaths:
         if name is None:
             raise PatchkitError(f"package {package!r} has no path in this image definition")
         return "/" + name
+
+    def bytecode(self, package: str, path: str) -> list[str]:
+        """The names the image's interpreter would load for module `path` (`bytecode_names`)."""
+        return bytecode_names(self.image_path(package, path)) if path.endswith(".py") else []
 
     def _path(self, package: str, path: str) -> str | None:
         pkg = self.packages.get(package)
@@ -93,6 +120,8 @@ class PackagePaths:
 
 
 class ImageLayersSource(PackagePaths):
+    """A registry or layout base's files, read from its layers top-most first."""
+
     def __init__(self, base: BaseImage, packages: Iterable[PackageRoot]):
         self.base = base
         self.packages = {p.name: PackageRoot(p.name, normalize(p.root), p.distribution, p.declared, p.required)
@@ -106,7 +135,7 @@ class ImageLayersSource(PackagePaths):
         self._versions: dict[str, str] | None = None
         self.description = f"{base.name}@{base.digest} ({base.platform}) layers"
 
-    # -- Source protocol ------------------------------------------------------------------------
+    # -- the ImageFiles protocol --------------------------------------------------------------------
     def read(self, package: str, path: str) -> bytes | None:
         name = self._path(package, path)
         if name is None:
@@ -125,7 +154,6 @@ class ImageLayersSource(PackagePaths):
             listing = self._listings[index]
         return listing.content[name]
 
-    # -- for the build --------------------------------------------------------------------------
     def prefetch(self, files: Iterable[tuple[str, str]]) -> None:
         """Announce the files the engine will read, so each layer is streamed only once."""
         names = [n for package, path in files if (n := self._path(package, path))]
@@ -138,9 +166,11 @@ class ImageLayersSource(PackagePaths):
         found = self._visible(normalize(image_path))
         return found[1] if found else None
 
-    def pycache(self, package: str, path: str) -> list[str]:
-        """Image paths of the visible bytecode for module `path`: `__pycache__/<stem>.*.pyc` and a
-        legacy `<stem>.pyc` beside it, from the layers read so far (down to the module's own)."""
+    def bytecode(self, package: str, path: str) -> list[str]:
+        """The names the image's interpreter would load, and every bytecode file of the module the layers
+        read so far (down to the module's own) show: `__pycache__/<stem>.*.pyc` and a legacy `<stem>.pyc`
+        beside it. The layers are listed anyway, so this costs nothing, and it covers a path that names no
+        interpreter."""
         name = self._path(package, path)
         if name is None or not name.endswith(".py"):
             return []
@@ -149,7 +179,10 @@ class ImageLayersSource(PackagePaths):
         candidates = {n for listing in self._listings.values() for n in listing.entries
                       if (posixpath.dirname(n) == cache_dir and posixpath.basename(n).startswith(stem + ".")
                           and n.endswith(".pyc")) or n == posixpath.join(folder, stem + ".pyc")}
-        return sorted("/" + n for n in candidates if self._visible(n) is not None)
+        seen = {"/" + n for n in candidates if self._visible(n) is not None}
+        return sorted(seen | set(super().bytecode(package, path)))
+
+    # -- for the dry run ------------------------------------------------------------------------
 
     @property
     def layers_read(self) -> list[str]:

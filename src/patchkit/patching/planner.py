@@ -20,7 +20,7 @@ from patchkit.patching.diagnostics import NearestMatch, nearest_match, occurrenc
 from patchkit.patching.modified import edited_text
 from patchkit.patching.patchset import Action, Edit, Patch, Probe
 from patchkit.patching.syntax import syntax_error
-from patchkit.sources.base import Source, read_many
+from patchkit.sources.base import Source
 
 
 class State(StrEnum):
@@ -152,7 +152,7 @@ class _Texts:
                 if item.package in packages:
                     wanted.setdefault(item.package, set()).update(item.candidates)
         for package, paths in wanted.items():
-            for path, data in read_many(self.source, package, sorted(paths)).items():
+            for path, data in self.source.read_many(package, sorted(paths)).items():
                 self.original[(package, path)] = data
 
     def exists(self, package: str, path: str) -> bool:

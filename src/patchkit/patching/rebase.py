@@ -47,7 +47,7 @@ from patchkit.patching.record import (
     trial_patch,
     write_patch_folder,
 )
-from patchkit.sources.base import Source, read_many
+from patchkit.sources.base import Source
 from patchkit.untrusted import read_file
 
 MIN_SIMILARITY = 0.6  # below this the aligned region is not the anchor's code any more
@@ -130,28 +130,6 @@ class Rebase:
 
 # --------------------------------------------------------------------------------------------- finding
 
-def package_files(source: Source, package: str) -> list[str] | None:
-    """Every file path of `package` in the source, for the moved-file search; None when it cannot list."""
-    inner = getattr(source, "_by_package", {}).get(package) if hasattr(source, "_by_package") else source
-    if inner is None:
-        return None
-    if hasattr(inner, "package_root"):  # a directory
-        try:
-            root = inner.package_root(package)
-        except PatchkitError:
-            return None
-        out = []
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-            out += [(Path(dirpath) / f).relative_to(root).as_posix() for f in filenames]
-        return out
-    archive, roots = getattr(inner, "_archive", None), getattr(inner, "_roots", None)
-    if archive is None or roots is None or package not in roots:
-        return None
-    prefix = roots[package] + "/"
-    return [name[len(prefix):] for name, kind in archive.listing().items() if kind == "file" and name.startswith(prefix)]
-
-
 def _affinity(path: str, known_dirs: set[str]) -> int:
     """How many of the path's directories the patch set already targets elsewhere."""
     parts = PurePosixPath(path).parent.parts
@@ -185,7 +163,7 @@ class _Reader:
         self.known_dirs: set[str] = set()  # every directory (and parent) the patch set's candidates name
 
     def prefetch(self, which: Source, package: str, paths: list[str]) -> None:
-        for path, data in read_many(which, package, paths).items():
+        for path, data in which.read_many(package, paths).items():
             self._cache[(id(which), package, path)] = None if data is None else _decode(data, f"{package}/{path}")
 
     def text(self, which: Source, package: str, path: str) -> str | None:
@@ -196,7 +174,7 @@ class _Reader:
 
     def listing(self, package: str) -> list[str] | None:
         if package not in self._listing:
-            self._listing[package] = package_files(self.new, package)
+            self._listing[package] = self.new.package_files(package)
         return self._listing[package]
 
 
@@ -449,7 +427,7 @@ def rebase(patches: list[Patch], old: Source, new: Source, *, honour_probe: bool
     results = []
     for patch in patches:
         results.append(_rebase_patch(patch, reader, versions, old_versions, honour_probe))
-    return Rebase(getattr(old, "description", "old"), getattr(new, "description", "new"), versions, results)
+    return Rebase(old.description, new.description, versions, results)
 
 
 def _rebase_patch(patch: Patch, reader: _Reader, versions: dict, old_versions: dict, honour_probe: bool) -> PatchRebase:
@@ -481,7 +459,7 @@ def _rebase_patch(patch: Patch, reader: _Reader, versions: dict, old_versions: d
         version = versions[edit.package]
         if _in(edit.versions, version):
             state = states.get(edit.index)
-            if state is not None and state.state in ("pending", "holds", "applied"):
+            if state is not None and state.state in (planner.EditState.PENDING, planner.EditState.HOLDS, planner.EditState.APPLIED):
                 continue
             old_range, new_range = _split_versions(edit, version)
             outcome = rebase_edit(edit, reader, version, split=old_range)

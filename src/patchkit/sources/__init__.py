@@ -1,6 +1,7 @@
 """Where the code to patch comes from: a directory, a released sdist or wheel, a git ref.
 
-Every source is read-only and answers `read(package, path)` and `versions()`; see docs/DESIGN.md.
+Every source is read-only and satisfies `sources.base.Source` (`versions()`, `read(package, path)`, `read_many`,
+`distribution_file`, `package_files`); see docs/DESIGN.md.
 """
 
 import importlib
@@ -10,7 +11,7 @@ import importlib
 # touch them.
 _HOME = {
     "CorruptArchiveError": "archives", "DISTRIBUTIONS": "base", "PACKAGES": "base", "Source": "base",
-    "read_many": "base", "FileCache": "cache", "SdistCache": "cache", "CombinedSource": "combined",
+    "SourceDefaults": "base", "ImageFiles": "base", "FileCache": "cache", "SdistCache": "cache", "CombinedSource": "combined",
     "combine_sources": "combined", "DirectorySource": "directory", "GitSource": "git",
     "discover_releases": "index", "SdistSource": "sdist", "open_source": "spec", "WheelSource": "wheel",
 }
@@ -30,12 +31,13 @@ __all__ = [
     "DirectorySource",
     "FileCache",
     "GitSource",
+    "ImageFiles",
     "SdistCache",
     "SdistSource",
     "Source",
+    "SourceDefaults",
     "WheelSource",
     "combine_sources",
     "discover_releases",
     "open_source",
-    "read_many",
 ]

@@ -29,6 +29,7 @@ from pathlib import Path
 from patchkit.errors import PatchkitError
 from patchkit.sources.base import (
     PACKAGES,
+    SourceDefaults,
     check_package,
     find_package_root,
     relative_path,
@@ -265,7 +266,7 @@ class ZipArchive:
             raise _corrupt(self.path, error, self._discard) from error
 
 
-class ArchiveSource:
+class ArchiveSource(SourceDefaults):
     """The packages of an archive whose package directories sit under `prefix` ("" or "vllm-0.33.0/")."""
 
     description: str
@@ -300,6 +301,15 @@ class ArchiveSource:
                 members[path] = f"{root}/{relative}"
         data = self._archive.read_many(members.values())
         return {path: data[members[path]] if path in members else None for path in paths}
+
+    def package_files(self, package: str) -> list[str] | None:
+        """The regular files the archive lists under the package's directory."""
+        root = self._roots.get(package)
+        if root is None:
+            return None
+        prefix = root + "/"
+        return [name[len(prefix):] for name, kind in self._archive.listing().items()
+                if kind == "file" and name.startswith(prefix)]
 
     def _member(self, name: str) -> bytes | None:
         """A member outside the packages (metadata), by its full name, within the `metadata` limit."""

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from patchkit.errors import PatchkitError
-from patchkit.sources.base import Source, check_package, read_many, relative_path
+from patchkit.sources.base import Source, SourceDefaults, check_package, relative_path
 
 
-class CombinedSource:
+class CombinedSource(SourceDefaults):
+    """Each package read from the one source that holds it; files beside the packages belong to no one
+    source, so there are none (`distribution_file` is None)."""
+
     def __init__(self, sources: list[Source]):
         self._by_package: dict[str, Source] = {}
         for source in sources:
@@ -33,7 +36,11 @@ class CombinedSource:
             for path in paths:
                 relative_path(path)  # a bad path is an error whether or not the package is here
             return dict.fromkeys(paths)
-        return read_many(source, package, paths)
+        return source.read_many(package, paths)
+
+    def package_files(self, package: str) -> list[str] | None:
+        source = self._by_package.get(package)
+        return None if source is None else source.package_files(package)
 
 
 def combine_sources(sources: list[Source]) -> Source:

@@ -15,6 +15,7 @@ from patchkit.errors import PatchkitError
 from patchkit.sources.base import (
     DISTRIBUTIONS,
     PACKAGES,
+    SourceDefaults,
     check_package,
     find_package_root,
     relative_path,
@@ -28,7 +29,7 @@ from patchkit.sources.metadata import (
 )
 
 
-class DirectorySource:
+class DirectorySource(SourceDefaults):
     def __init__(self, root: str | os.PathLike[str]):
         given = Path(root).expanduser()
         if not given.is_dir():
@@ -84,8 +85,16 @@ class DirectorySource:
             return None
         return real.read_bytes()
 
-    def read_many(self, package: str, paths: list[str]) -> dict[str, bytes | None]:
-        return {path: self.read(package, path) for path in paths}
+    def package_files(self, package: str) -> list[str] | None:
+        """Every file under the package's directory, bytecode folders left out."""
+        root = self._roots.get(package)
+        if root is None:
+            return None
+        out = []
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            out += [(Path(dirpath) / f).relative_to(root).as_posix() for f in filenames]
+        return out
 
     def _find(self, package: str) -> Path | None:
         if self.root.name == package and (self.root / "__init__.py").is_file():

@@ -23,6 +23,7 @@ from packaging.version import InvalidVersion, Version
 from patchkit.errors import PatchkitError
 from patchkit.sources.base import (
     PACKAGES,
+    SourceDefaults,
     check_package,
     find_package_root,
     relative_path,
@@ -39,7 +40,7 @@ def is_remote(location: str) -> bool:
     return "://" in location or bool(_SCP_LIKE.match(location))
 
 
-class GitSource:
+class GitSource(SourceDefaults):
     def __init__(self, location: str, ref: str, *, cache: SdistCache | None = None):
         if not location or not ref:
             raise PatchkitError(f"git source {location}@{ref} needs both a repository and a ref: git:PATH_OR_URL@REF")
@@ -75,9 +76,6 @@ class GitSource:
             what = "a symlink" if entry.type == "blob" else "a directory" if entry.type == "tree" else "a submodule"
             raise PatchkitError(f"{package}/{relative} is {what} at {self.ref}: patchkit reads regular files only")
         return entry.data_stream.read()
-
-    def read_many(self, package: str, paths: list[str]) -> dict[str, bytes | None]:
-        return {path: self.read(package, path) for path in paths}
 
     def distribution_file(self, path: str) -> bytes | None:
         """A regular file of the tree outside the packages (e.g. requirements/cuda.txt); None when absent."""

@@ -15,7 +15,6 @@ PIN = re.compile(r"^flashinfer-python==([^\s;#]+)", re.MULTILINE)
 
 def pinned_flashinfer(source: Source) -> str | None:
     """`flashinfer-python==X` pinned by the vLLM release behind `source`, when the source can tell."""
-    reader = getattr(source, "distribution_file", None)
-    data = reader("requirements/cuda.txt") if reader else None
+    data = source.distribution_file("requirements/cuda.txt")
     match = PIN.search(data.decode("utf-8", "replace")) if data else None
     return match.group(1) if match else None

@@ -33,12 +33,11 @@ from patchkit import PINNED_VLLM
 from patchkit.errors import PatchkitError
 from patchkit.patching.patchset import Patch, PatchSet
 from patchkit.patching.planner import EditState, PatchResult, Plan, State, plan
+from patchkit.patching.series import FULL_SERIES
 from patchkit.sources.base import Source
 from patchkit.sources.cache import SdistCache
 from patchkit.verify.states import CellState
 from patchkit.verify.targets import Target, open_target
-
-FULL = "full"  # the series name standing for the whole patch set when there are no images
 
 
 @dataclass
@@ -162,7 +161,7 @@ class Matrix:
 def load_image_series(images_dir: Path | None, patchset: PatchSet) -> dict[str, tuple[str, ...]]:
     """Each image's series; the full series alone ("full") when there are no image definitions."""
     if images_dir is None or not any(Path(images_dir).glob("*/image.toml")):
-        return {FULL: patchset.order}
+        return {FULL_SERIES: patchset.order}
     from patchkit.images.definitions import load_images
 
     return {name: image.series for name, image in sorted(load_images(images_dir, patchset).items())}
@@ -184,7 +183,7 @@ def compute(
     `extra` are further sources (a FlashInfer release) combined with every target; `opener` replaces
     how a target becomes a source (the benchmark's extract-everything route).
     """
-    image_series = image_series or {FULL: patchset.order}
+    image_series = image_series or {FULL_SERIES: patchset.order}
     full = patchset.series()
     columns: list[Column] = []
     cells: dict[tuple[str, str], Cell] = {}

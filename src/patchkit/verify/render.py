@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from patchkit.patching.patchset import Patch
-from patchkit.verify.matrix import FULL, Cell, Column, Matrix
+from patchkit.patching.series import FULL_SERIES
+from patchkit.verify.matrix import Cell, Column, Matrix
 from patchkit.verify.states import CellState
 
 
@@ -101,7 +102,7 @@ def _noteworthy(matrix: Matrix) -> list[tuple[Patch, Column, Cell]]:
 
 def _newest_line(matrix: Matrix) -> str:
     newest = matrix.newest_for_all
-    what = "every image builds" if FULL not in matrix.images else "the full series builds"
+    what = "every image builds" if FULL_SERIES not in matrix.images else "the full series builds"
     return f"newest version {what} on: {_heading(newest) if newest else 'none'}"
 
 

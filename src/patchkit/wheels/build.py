@@ -32,17 +32,16 @@ from packaging.version import Version
 
 from patchkit import __version__
 from patchkit.errors import PatchkitError
-from patchkit.images.labels import series_hash
+from patchkit.patching.carry import carry
 from patchkit.patching.patchset import Patch
-from patchkit.patching.planner import FileChange, Plan, State, plan
+from patchkit.patching.planner import FileChange, PatchResult, Plan, plan
+from patchkit.patching.series import series_hash
 from patchkit.wheels.archive import ReproducibleZip, mode_of
 from patchkit.wheels.manifest import MANIFEST, CarriedPatch, WheelManifest
 from patchkit.wheels.record import RecordRow, format_record, row_for
 from patchkit.wheels.verified import SIGNATURES, VerifiedWheel, open_wheel
 
 LOCAL_PREFIX = "glm53"
-CARRIED = (State.NOT_APPLIED, State.APPLIED)  # applied by the build, or assert-only and holding
-LEFT_OUT = (State.UPSTREAMED, State.NOT_APPLICABLE)  # upstream has the fix; only FlashInfer (not in the wheel)
 
 
 @dataclass(frozen=True)
@@ -80,19 +79,10 @@ def build_wheel(release: Path, patches: list[Patch], series: str, output: Path) 
         if wheel.name != "vllm":
             raise PatchkitError(f"{release} is not a vLLM wheel (it is {wheel.name} {wheel.version}'s)")
         result = plan(patches, wheel.source())
-        result.raise_for_errors()
-        carried, skipped = [], []
-        for r in result.results:
-            if r.state in CARRIED:
-                carried.append(CarriedPatch(r.patch.id, r.patch.digest, str(r.state), r.detail))
-            elif r.state in LEFT_OUT:
-                skipped.append(CarriedPatch(r.patch.id, r.patch.digest, str(r.state), r.detail))
-            else:
-                raise PatchkitError(f"series {series}: patch {r.patch.id} is {r.state} on {release.name} ({r.detail})")
-        if not result.changes:
-            raise PatchkitError(f"series {series} changes nothing in {release.name}: no wheel to build")
-        by_id = {p.id: p for p in patches}
-        version = patched_version(wheel.version, series_hash([by_id[p.id] for p in carried]))
+        kept = carry(result, f"series {series}", release.name)  # the one rule images follow too
+        carried = [_recorded(r) for r in kept.carried]
+        skipped = [_recorded(r) for r in kept.left_out]
+        version = patched_version(wheel.version, series_hash(kept.patches))
         manifest = WheelManifest(
             version=version, series=series, series_hash=version.rsplit(".", 1)[1],
             release={"filename": release.name, "sha256": wheel.sha256, "version": wheel.version},
@@ -114,6 +104,10 @@ def build_wheel(release: Path, patches: list[Patch], series: str, output: Path) 
                 with contextlib.suppress(OSError):
                     output.rmdir()  # only if empty: the folder this build made, for nothing
     return BuiltWheel(target, _file_sha256(target), manifest, result)
+
+
+def _recorded(result: PatchResult) -> CarriedPatch:
+    return CarriedPatch(result.patch.id, result.patch.digest, str(result.state), result.detail)
 
 
 def wheel_filename(release_name: str, version: str) -> str:

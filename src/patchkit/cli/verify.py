@@ -40,13 +40,23 @@ from patchkit.cli.options import images_option, json_option, patches_option
               show_default=True, help="With --kernels: whose wheel (a Spark's is aarch64; both carry the same sm_12x set in 0.33.0).")
 @click.option("--wheel", "wheel_file", type=click.Path(dir_okay=False), default=None,
               help="With --kernels: a wheel file on disk instead of the release's from the index.")
+@click.option("--compile", "jit", is_flag=True,
+              help="With --kernels: the run-time compiled half instead of the wheel: compile, with CUDA 13's nvcc, the "
+              "release's persistent top-k (its sdist's csrc/topk.cu, against torch's headers) and the sparse MLA SM120 "
+              "kernels of the FlashInfer it pins (GLM-5.3's shapes) for sm_121a and sm_120f, and check ptxas' registers "
+              "and static + requested dynamic shared memory against GB10's limits (101,376 B a block). Exit 1 when one "
+              "exceeds them, 2 without nvcc. Cached in the user cache dir.")
 def verify_command(versions, git_location, tag_globs, refs, with_sources, patches_dir, images_dir, as_json, markdown,
-                   kernels, wheel_platform, wheel_file):
+                   kernels, wheel_platform, wheel_file, jit):
     """Each image's series against upstream vLLM versions: a matrix patch x version.
 
     Exit 0: nothing regressed. 1: a patch broken (in range) on the pinned release or a newer version,
     or one that applies on the pinned release no longer matching a newer one. 2: bad input.
     """
+    if jit and (not kernels or wheel_file):
+        raise click.UsageError("--compile goes with --kernels, without --wheel")
+    if jit:
+        _jit_census(versions, as_json)
     if kernels:
         _kernel_census(versions, wheel_platform, wheel_file, as_json)
     elif wheel_file:
@@ -93,17 +103,13 @@ def _kernel_census(versions: str | None, platform: str, wheel_file: str | None, 
     from rich.console import Console
     from rich.table import Table
 
-    from patchkit.errors import PatchkitError
     from patchkit.verify.kernels import census
     from patchkit.wheels.release import release_wheel
 
     if wheel_file:
         wheel = Path(wheel_file)
     else:
-        version = versions or PINNED_VLLM
-        if any(c in version for c in ",<>=~!*"):
-            raise PatchkitError(f"--kernels reads one release's wheel: give --versions one version, not {version!r}")
-        wheel = release_wheel(version, platform, progress=sys.stderr.isatty())
+        wheel = release_wheel(_one_version(versions), platform, progress=sys.stderr.isatty())
     result = census(wheel)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
@@ -118,5 +124,52 @@ def _kernel_census(versions: str | None, platform: str, wheel_file: str | None, 
         console = Console()
         console.print(table)
         console.print("compiled at run time on 12.x (need CUDA 13's nvcc where vLLM runs): FlashInfer's sparse MLA "
-                      "(FLASHINFER_MLA_SPARSE_SM120), DeepGEMM")
+                      "(FLASHINFER_MLA_SPARSE_SM120), DeepGEMM; `--compile` compiles them and vLLM's persistent top-k for GB10")
     sys.exit(0 if result.ok else 1)
+
+
+def _jit_census(versions: str | None, as_json: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from patchkit.sources.cache import ArchiveCache
+    from patchkit.sources.pins import pinned_flashinfer
+    from patchkit.sources.release import open_release
+    from patchkit.verify.jit_census import census, census_dict, find_nvcc
+
+    version = _one_version(versions)
+    find_nvcc()  # before any download: without nvcc nothing can be checked
+    progress = sys.stderr.isatty()
+    flashinfer = pinned_flashinfer(open_release("vllm", version, cache=ArchiveCache(), progress=progress))
+    rows = census("vllm", version, progress=progress)
+    if flashinfer:
+        rows += census("flashinfer-python", flashinfer, progress=progress)
+    result = census_dict(rows, {"vllm": version, "flashinfer-python": flashinfer})
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        sys.exit(0 if result["ok"] else 1)
+    console = Console(width=None if sys.stdout.isatty() else 140)
+    for unit in dict.fromkeys(row.unit for row in rows):
+        version = next(r.version for r in rows if r.unit == unit)
+        table = Table(title=f"{unit} {version}: ptxas' resource use against GB10's limits (sm_121)", title_justify="left")
+        for col in ("kernel", "arch", "regs", "spill B", "static B", "dynamic B", "limit B", "verdict"):
+            table.add_column(col, justify="left" if col in ("kernel", "arch", "verdict") else "right")
+        for row in (r for r in rows if r.unit == unit):
+            verdict = f"[green]{row.verdict}[/]" if row.ok else f"[red]{row.verdict}[/]"
+            shown = row.kernel if "<" in row.kernel else row.name.split("<")[0].rsplit("::", 1)[-1] + row.name[
+                len(row.name.split("<")[0]):]
+            table.add_row(shown, row.arch, str(row.registers), f"{row.spills:,}", f"{row.static_smem:,}",
+                          f"{row.dynamic_smem:,}", f"{result['limits']['smem_per_block']:,}", verdict)
+        console.print(table)
+    if not flashinfer:
+        console.print(f"[yellow]vLLM {version} pins no flashinfer-python (requirements/cuda.txt): its sparse MLA not compiled[/]")
+    sys.exit(0 if result["ok"] else 1)
+
+
+def _one_version(versions: str | None) -> str:
+    from patchkit.errors import PatchkitError
+
+    version = versions or PINNED_VLLM
+    if any(c in version for c in ",<>=~!*"):
+        raise PatchkitError(f"--kernels reads one release: give --versions one version, not {version!r}")
+    return version

@@ -189,7 +189,8 @@ NEEDS = (
 )
 # Compiled at run time on 12.x, so no wheel carries them: the host (wheel path) or image needs CUDA 13's nvcc.
 RUNTIME_COMPILED = (
-    ("flashinfer-sparse-mla", "FlashInfer's FLASHINFER_MLA_SPARSE_SM120 module, JIT-compiled by flashinfer-python"),
+    ("flashinfer-sparse-mla", "FlashInfer's FLASHINFER_MLA_SPARSE_SM120 module, JIT-compiled by flashinfer-python "
+     "(compiled for sm_121a/sm_120f and checked against GB10's limits by `verify --kernels --compile`)"),
     ("deep-gemm", "DeepGEMM's kernels, JIT-compiled by vllm/third_party/deep_gemm at first use"),
 )
 

@@ -231,6 +231,8 @@ def _fenced(text: str, lang: str = "text") -> list[str]:
 
 def _code(text: str) -> str:
     """Inline code that survives any backticks inside (CommonMark: a longer fence, spaces around)."""
+    if "`" not in text:
+        return f"`{_md(text)}`"
     fence = "`" * (_longest_run(text, "`") + 1)
     return f"{fence} {_md(text)} {fence}"
 
@@ -244,7 +246,8 @@ def _summary(run: BumpRun) -> list[str]:
     rb = run.rebase
     states = [p.state for p in rb.patches]
     people = sum(len(p.needs_person) for p in rb.patches)
-    applies = all(s in ("applied", "applies", "upstreamed", "out-of-range", "not-applicable") for s in rb.check.values())
+    # the planner's states of the rebased series on the release ("not-applied": it applies there); any other fails
+    applies = all(s in ("applied", "not-applied", "upstreamed", "out-of-range", "not-applicable") for s in rb.check.values())
     lines = [f"- rebase {_md(rb.from_)} -> {_md(rb.to)}: {states.count('rebased')} patch(es) rebased, "
              f"{states.count('unchanged')} unchanged, {states.count('upstreamed')} upstreamed, "
              f"{people} edit(s) need a person" + ("" if rb.ok else " (**rebase exit 1**)"),
@@ -283,8 +286,8 @@ def _rebase_section(run: BumpRun) -> list[str]:
             lines.append(f"  - edit {n.edit} ({n.action}) **needs a person**: {_md(n.reason)}")
             for c in n.candidates[:2]:
                 lines += ["", *("    " + line for line in _fenced(c)), ""]
-    check = "; ".join(f"`{k}` {_md(v)}" for k, v in run.rebase.check.items())
-    lines += ["", f"Checked on {_md(run.rebase.to)}: {check}.", ""]
+    check = "; ".join(f"`{k}` {_md('applies' if v == 'not-applied' else v)}" for k, v in run.rebase.check.items())
+    lines += ["", f"The rebased series planned on {_md(run.rebase.to)}: {check}.", ""]
     return lines
 
 
@@ -375,6 +378,6 @@ def body(run: BumpRun) -> str:
                     _upstream_section):
         lines += section(run)
     text = "\n".join(lines).rstrip("\n") + "\n"
-    if len(text) > BODY_LIMIT:  # GitHub refuses longer bodies; the records stay in the run's artifacts
-        text = text[:BODY_LIMIT] + "\n\n... cut at 60,000 characters: the full records are in the run's artifacts\n"
+    if len(text) > BODY_LIMIT:  # GitHub refuses longer bodies
+        text = text[:BODY_LIMIT] + "\n\n... cut at 60,000 characters: the records are in the run's log\n"
     return text

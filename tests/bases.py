@@ -100,10 +100,10 @@ def _stated(module: bytes | None) -> str | None:
 
 def _cached_sdist(spec: str, dist: str, version: str) -> Path:
     from patchkit.sources import open_source
-    from patchkit.sources.cache import SdistCache
+    from patchkit.sources.cache import ArchiveCache
 
     open_source(spec, progress=False)
-    cached = SdistCache().lookup(dist, version)
+    cached = ArchiveCache().lookup(dist, version)
     assert cached is not None, f"patchkit.sources did not cache the {dist} {version} sdist"
     return cached.path
 

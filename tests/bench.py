@@ -46,7 +46,7 @@ from pathlib import Path
 from patchkit import PINNED_VLLM
 from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
-from patchkit.sources import DirectorySource, SdistCache, open_source
+from patchkit.sources import DirectorySource, ArchiveCache, open_source
 from patchkit.sources.pins import pinned_flashinfer
 from patchkit.verify.matrix import compute as compute_matrix
 from patchkit.verify.matrix import load_image_series
@@ -100,11 +100,11 @@ def tar_pass(path: Path) -> None:
             pass
 
 
-def fresh_cache(user: SdistCache, versions: list[str], root: Path, companions: dict[str, str]) -> SdistCache:
+def fresh_cache(user: ArchiveCache, versions: list[str], root: Path, companions: dict[str, str]) -> ArchiveCache:
     """A cache with the archives (linked, not copied or downloaded) and nothing read out of them yet: each
     vLLM release and the FlashInfer release it pins, which verify reads beside it."""
     shutil.rmtree(root, ignore_errors=True)
-    cache = SdistCache(root)
+    cache = ArchiveCache(root)
     cache.downloads.mkdir(parents=True)
     wanted = [*(("vllm", v) for v in versions), *(("flashinfer-python", companions[v]) for v in versions)]
     for dist, version in dict.fromkeys(wanted):  # 0.31 and 0.32 pin the same FlashInfer
@@ -121,7 +121,7 @@ def link(source: Path, target: Path) -> None:
         shutil.copy(source, target)
 
 
-def extracted(user: SdistCache, work: Path):
+def extracted(user: ArchiveCache, work: Path):
     """The obvious route's opener: extract the whole sdist, read the directory."""
 
     def opener(target: Target) -> DirectorySource:
@@ -226,7 +226,7 @@ def main() -> None:
     patchset = load_patchset(args.patches)
     images = load_image_series(args.images, patchset)
     targets = index_targets(parse_versions(",".join(versions)))
-    user = SdistCache()
+    user = ArchiveCache()
     companions = {}
     for version in versions:  # downloads, once, outside any measurement
         companions[version] = pinned_flashinfer(open_source(f"vllm=={version}", cache=user, progress=True))
@@ -279,7 +279,7 @@ def main() -> None:
         # directory (what an image layer holds); the obvious route extracts everything, patches the tree.
         series = patchset.series()
 
-        def apply_patchkit(cache: SdistCache) -> int:
+        def apply_patchkit(cache: ArchiveCache) -> int:
             source = open_source(f"vllm=={pinned}", cache=cache, progress=False)
             plan = planner.plan(series, source)
             out = tmp / "layer"

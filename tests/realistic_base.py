@@ -99,10 +99,10 @@ def shape() -> list[LayerShape]:
 
 def flashinfer_sdist() -> Path:
     from patchkit.sources import open_source
-    from patchkit.sources.cache import SdistCache
+    from patchkit.sources.cache import ArchiveCache
 
     open_source(f"flashinfer-python=={FLASHINFER_VERSION}", progress=False)
-    cached = SdistCache().lookup("flashinfer-python", FLASHINFER_VERSION)
+    cached = ArchiveCache().lookup("flashinfer-python", FLASHINFER_VERSION)
     assert cached is not None, "patchkit.sources did not cache the FlashInfer sdist"
     return cached.path
 

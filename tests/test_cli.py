@@ -106,12 +106,12 @@ def test_diff_prints_a_unified_diff(tree):
 @pytest.mark.network
 def test_round_trip_on_the_real_vllm_0_33_0_sdist(tmp_path):
     """apply, status, revert of the real patch set on the real released sources, byte for byte."""
-    from patchkit.sources import SdistCache
+    from patchkit.sources import ArchiveCache
     from patchkit.sources.index import choose_archive  # noqa: F401  (the index is what open_source uses)
     from patchkit.sources.spec import open_source
 
-    source = open_source("0.33.0", cache=SdistCache(), progress=False)
-    archive = SdistCache().lookup("vllm", "0.33.0")
+    source = open_source("0.33.0", cache=ArchiveCache(), progress=False)
+    archive = ArchiveCache().lookup("vllm", "0.33.0")
     assert archive is not None, source.description
     with tarfile.open(archive.path) as tar:
         tar.extractall(tmp_path, filter="data")

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from test_sources import VLLM_FILES, sdist_bytes, sha256, wheel_bytes
 
 from patchkit.errors import PatchkitError
-from patchkit.sources import FileCache, SdistCache, SdistSource, WheelSource, open_source
+from patchkit.sources import FileCache, ArchiveCache, SdistSource, WheelSource, open_source
 from patchkit.sources.archives import UnsafeArchiveError, ZipArchive
 from patchkit.sources.index import CHUNK, OversizedDownload
 from patchkit.sources.tarscan import TarError, scan
@@ -488,11 +488,11 @@ def test_a_cache_from_elsewhere_is_verified_before_use(index, cache, tmp_path):
     warm(index, cache)
     digest = sha256(VLLM_FILES["config/model.py"])
     (cache.files.root / "blobs" / digest[:2] / digest).write_bytes(EVIL)  # would be caught anyway: swap it
-    elsewhere = SdistCache(cache.root, secret=b"k" * 32)
+    elsewhere = ArchiveCache(cache.root, secret=b"k" * 32)
     source = open_source("0.33.0", cache=elsewhere, progress=False)
     assert source.read("vllm", "config/model.py") == VLLM_FILES["config/model.py"]
     assert index.file_requests() == ["/files/vllm-0.33.0.tar.gz"]  # adopted, not downloaded again
-    assert SdistCache(cache.root, secret=b"k" * 32).lookup("vllm", "0.33.0") is not None
+    assert ArchiveCache(cache.root, secret=b"k" * 32).lookup("vllm", "0.33.0") is not None
 
 
 def test_cache_entries_that_are_not_files_are_absent(index, cache):

@@ -35,7 +35,7 @@ from hostile import assert_refused, run_patchkit
 from patchkit.errors import PatchkitError
 from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
-from patchkit.sources.cache import SdistCache
+from patchkit.sources.cache import ArchiveCache
 from patchkit.untrusted import InputTooLarge
 from patchkit.wheels import build as build_module
 from patchkit.wheels.build import build_wheel
@@ -543,7 +543,7 @@ def _cli_build(cache: Path, release: Path, out: Path) -> list[str]:
     it."""
     name, version = release.name.split("-")[:2]
     data = release.read_bytes()
-    entries = SdistCache(cache / "wheels" / "x86_64")
+    entries = ArchiveCache(cache / "wheels" / "x86_64")
     with entries.new_archive(name, version, release.name, f"https://example.invalid/{release.name}",
                              hashlib.sha256(data).hexdigest()) as out_file:
         out_file.write(data)

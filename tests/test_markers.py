@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.sources import SdistCache
+from patchkit.sources import ArchiveCache
 from patchkit.sources.release import open_release
 from patchkit.bootlog.causes import CAUSES, find_causes
 from patchkit.bootlog.markers import MARKER, MARKERS, RELEASES, parse_boot_log
@@ -29,7 +29,7 @@ VLLM_ANCHORS = [(m.name, m.literal, m.files) for m in MARKERS if m.releases] + [
 @functools.cache
 def release_files(version: str) -> dict[str, str]:
     """The files every anchor names, read once per release from its real sdist."""
-    source = open_release("vllm", version, cache=SdistCache(), progress=False)
+    source = open_release("vllm", version, cache=ArchiveCache(), progress=False)
     paths = sorted({f.removeprefix("vllm/") for _, _, files in VLLM_ANCHORS for f in files})
     return {f"vllm/{p}": (data or b"").decode() for p, data in source.read_many("vllm", paths).items()}
 
@@ -113,7 +113,7 @@ def test_the_real_boots_drafter_is_a_vllm_name_in_each_release(version):
     """The DFlash2 drafter of the real day-0 boot is a registered draft architecture and `dflash` a
     speculative method in every supported release, so the method the harness names is vLLM's own."""
     boot = parse_boot_log(DAY0_BOOT.read_text())
-    source = open_release("vllm", version, cache=SdistCache(), progress=False)
+    source = open_release("vllm", version, cache=ArchiveCache(), progress=False)
     texts = {p: (d or b"").decode() for p, d in source.read_many(
         "vllm", ["model_executor/models/registry.py", "config/speculative.py"]).items()}
     assert f'"{boot.draft_architecture}":' in texts["model_executor/models/registry.py"]

@@ -26,7 +26,7 @@ from patchkit.sources import (
     DirectorySource,
     FileCache,
     GitSource,
-    SdistCache,
+    ArchiveCache,
     SdistSource,
     WheelSource,
     combine_sources,
@@ -219,11 +219,11 @@ def index(monkeypatch: pytest.MonkeyPatch) -> FakeIndex:
 
 
 @pytest.fixture
-def cache(tmp_path: Path) -> SdistCache:
-    return SdistCache(tmp_path / "cache")
+def cache(tmp_path: Path) -> ArchiveCache:
+    return ArchiveCache(tmp_path / "cache")
 
 
-def cache_entries(cache: SdistCache) -> list[str]:
+def cache_entries(cache: ArchiveCache) -> list[str]:
     return sorted(p.name for p in cache.downloads.iterdir()) if cache.downloads.exists() else []
 
 

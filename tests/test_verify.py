@@ -27,7 +27,7 @@ from patchkit.cli.main import PatchkitGroup
 from patchkit.cli.verify import verify_command
 from patchkit.errors import PatchkitError
 from patchkit.sources import open_source
-from patchkit.sources.cache import SdistCache
+from patchkit.sources.cache import ArchiveCache
 from patchkit.verify.states import CellState
 from patchkit.verify.targets import parse_versions
 
@@ -190,10 +190,10 @@ def test_a_clean_cache_gives_the_same_matrix_and_a_warm_run_never_opens_the_arch
     index_env, patches, no_images, tmp_path
 ):
     """Cold: the archives (linked from the user cache, not downloaded again) and an empty member cache."""
-    user = SdistCache()
+    user = ArchiveCache()
     for version in RELEASES:
         open_source(f"vllm=={version}", cache=user, progress=False)  # make sure they are downloaded
-    clean = SdistCache(tmp_path / "clean")
+    clean = ArchiveCache(tmp_path / "clean")
     clean.downloads.mkdir(parents=True)
     for version in RELEASES:
         archive = user.lookup("vllm", version)

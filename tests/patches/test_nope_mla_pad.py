@@ -349,10 +349,10 @@ def _flashinfer_06_texts(version: str = FLASHINFER_06[-1]) -> tuple[str, str]:
     """mla/_sparse_mla_sm120.py of a FlashInfer 0.6.x release, stock and with this patch applied."""
     from patchkit.patching.patchset import load_patchset
     from patchkit.patching.planner import plan
-    from patchkit.sources.cache import SdistCache
+    from patchkit.sources.cache import ArchiveCache
     from patchkit.sources.release import open_release
 
-    source = open_release("flashinfer-python", version, cache=SdistCache(), progress=False)
+    source = open_release("flashinfer-python", version, cache=ArchiveCache(), progress=False)
     path = "mla/_sparse_mla_sm120.py"
     if "nope-mla-pad" in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(","):  # nox -s patch-necessity
         stock = source.read("flashinfer", path).decode()
@@ -480,11 +480,11 @@ def test_flashinfer_edits_split_by_flashinfer_release(version):
     from packaging.version import Version
     from patchkit.patching.patchset import load_patchset
     from patchkit.patching.planner import plan
-    from patchkit.sources.cache import SdistCache
+    from patchkit.sources.cache import ArchiveCache
     from patchkit.sources.release import open_release
 
     patch = load_patchset(REPO_PATCHES).patch("nope-mla-pad")
-    source = open_release("flashinfer-python", version, cache=SdistCache(), progress=False)
+    source = open_release("flashinfer-python", version, cache=ArchiveCache(), progress=False)
     result = plan([patch], source).result("nope-mla-pad")
     evaluated = {e.edit.index: e.state for e in result.edits}
     mine = {e.index for e in patch.edits if e.package == "flashinfer" and e.versions.contains(Version(version))}

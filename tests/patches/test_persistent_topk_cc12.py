@@ -130,10 +130,10 @@ def test_released_kernel_plans_for_low_shared_memory(vllm_release):
     """The evidence behind [upstreamed]: the release's own persistent_topk host code reads the opt-in
     shared memory, sizes its chunks and occupancy to it, and on < 128 KiB devices falls back to the
     per-row kernel when the cooperative grid would not be resident; its floor fits GB10."""
-    from patchkit.sources.cache import SdistCache
+    from patchkit.sources.cache import ArchiveCache
     from patchkit.sources.release import open_release
 
-    cache = SdistCache()
+    cache = ArchiveCache()
     open_release("vllm", str(vllm_release), cache=cache, progress=False)  # downloads once if missing
     with tarfile.open(cache.lookup("vllm", str(vllm_release)).path) as sdist:
         names = [n for n in sdist.getnames() if re.search(r"/csrc/(libtorch_stable/)?(topk\.cu|persistent_topk\.cuh)$", n)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from patchkit import __version__
@@ -29,6 +30,7 @@ from patchkit.oci.layer import Entry, Layer, build_layer, whiteout_path
 from patchkit.oci.layout import LocalBlob, write_layout
 from patchkit.oci.media import OCI_MANIFEST, canonical_json, sha256_digest
 from patchkit.oci.progress import Progress, Quiet
+from patchkit.oci.push import Blob, push_blobs
 from patchkit.oci.registry import Reference, RegistryClient
 from patchkit.oci.source import ImageLayersSource
 
@@ -95,19 +97,14 @@ def push_image(built: Built, refs: Sequence[str], *, progress: Progress | None =
             raise PatchkitError(f"--push {text}: give a repository or a tag; the digest is computed")
         client = RegistryClient(ref.registry, progress=progress)
         repo = ref.repository
-        for desc in base.layers:
-            digest = desc["digest"]
-            if client.blob_exists(repo, digest):
-                continue
-            same_registry = base.reference is not None and base.reference.registry == ref.registry
-            if same_registry and client.mount_blob(repo, digest, base.reference.repository):
-                progress.note(f"mounted {digest[:19]} from {base.reference.repository}")
-                continue
-            client.upload_blob(repo, digest, base.copy_source(digest, desc["size"]))  # verified as it is sent
-        for digest, data in ((built.layer.digest, built.layer.blob),
-                             (sha256_digest(built.config_bytes), built.config_bytes)):
-            if not client.blob_exists(repo, digest):
-                client.upload_blob(repo, digest, data)
+        mount_from = (base.reference.repository if base.reference is not None
+                      and base.reference.registry == ref.registry else None)
+        # each base layer reopened from its start for every send (verified as it is sent)
+        blobs = [Blob(d["digest"], d["size"], partial(base.copy_source, d["digest"], d["size"]), mount_from)
+                 for d in base.layers]
+        blobs += [Blob(built.layer.digest, len(built.layer.blob), built.layer.blob),
+                  Blob(sha256_digest(built.config_bytes), len(built.config_bytes), built.config_bytes)]
+        push_blobs(client, repo, blobs)  # in parallel; the manifest only once every blob is there
         client.put_manifest(repo, built.digest, built.manifest_bytes, OCI_MANIFEST)
         tag = ref.tag or built.tag
         client.put_manifest(repo, tag, built.manifest_bytes, OCI_MANIFEST)

@@ -47,7 +47,7 @@ from installer.sources import WheelSource
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image, WheelPin
 from patchkit.oci.layer import Entry, normalize
-from patchkit.sources.cache import SdistCache, default_cache_root
+from patchkit.sources.cache import ArchiveCache, default_cache_root
 from patchkit.sources.index import download, project_files
 from patchkit.untrusted import open_regular
 from patchkit.wheels.verified import BadWheel, VerifiedWheel, open_wheel
@@ -167,7 +167,7 @@ def extra_layer(image: Image) -> ExtraLayer:
 def fetch(pin: WheelPin, platform: str) -> Path:
     """The pinned file in the user cache (downloaded once from the index); its bytes hash as pinned."""
     filename, sha256 = pin.files[platform]
-    cache = SdistCache(default_cache_root() / "extras" / platform.replace("/", "-"))
+    cache = ArchiveCache(default_cache_root() / "extras" / platform.replace("/", "-"))
     cached = cache.lookup(pin.name, pin.version)
     if cached is not None and (cached.path.name, cached.sha256) != (filename, sha256):
         cached = None  # another pin of this version (the definition changed): the index decides again

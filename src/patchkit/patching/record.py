@@ -26,7 +26,7 @@ from pathlib import Path
 from patchkit.errors import PatchFailed, PatchkitError
 from patchkit.patching.patchset import Edit, Patch, load_patch
 from patchkit.sources.base import PACKAGES
-from patchkit.sources.cache import atomic_write
+from patchkit.localfiles import atomic_write
 from patchkit.sources.directory import DirectorySource
 from patchkit.untrusted import read_file
 

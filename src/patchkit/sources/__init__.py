@@ -11,7 +11,7 @@ import importlib
 # touch them.
 _HOME = {
     "CorruptArchiveError": "archives", "DISTRIBUTIONS": "base", "PACKAGES": "base", "Source": "base",
-    "SourceDefaults": "base", "ImageFiles": "base", "FileCache": "cache", "SdistCache": "cache", "CombinedSource": "combined",
+    "SourceDefaults": "base", "ImageFiles": "base", "FileCache": "cache", "ArchiveCache": "cache", "CombinedSource": "combined",
     "combine_sources": "combined", "DirectorySource": "directory", "GitSource": "git",
     "discover_releases": "index", "SdistSource": "sdist", "open_source": "spec", "WheelSource": "wheel",
 }
@@ -32,7 +32,7 @@ __all__ = [
     "FileCache",
     "GitSource",
     "ImageFiles",
-    "SdistCache",
+    "ArchiveCache",
     "SdistSource",
     "Source",
     "SourceDefaults",

@@ -48,6 +48,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from patchkit.errors import PatchkitError
+from patchkit.localfiles import adjacent_tmp_file, atomic_write, file_sha256
 from patchkit.untrusted import read_file
 
 _SECRETS: dict[str, bytes] = {}
@@ -72,12 +73,16 @@ def user_secret() -> bytes:
     except PatchkitError:
         try:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            with _temporary_beside(path) as (out, temporary):
-                out.write(os.urandom(32))
-                out.close()
-                os.chmod(temporary, 0o600)
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=".cache-key.", suffix=".part")  # mode 0600
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(os.urandom(32))
+                    out.flush()
+                    os.fsync(out.fileno())
                 with contextlib.suppress(FileExistsError):  # another process made one meanwhile: use it
-                    os.link(temporary, path)  # never replaces a key
+                    os.link(name, path)  # never replaces a key (so not localfiles.adjacent_tmp_file)
+            finally:
+                os.unlink(name)
             secret = read_file(path, "definition")
         except (OSError, PatchkitError):
             secret = None
@@ -100,26 +105,6 @@ def default_cache_root() -> Path:
     return Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("patchkit"))
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _temporary_beside(path) as (out, temporary):
-        out.write(data)
-        out.close()
-        temporary.replace(path)
-
-
-@contextlib.contextmanager
-def _temporary_beside(path: Path) -> Iterator[tuple[BinaryIO, Path]]:
-    """A temporary file in `path`'s directory (same filesystem, so the rename is atomic), gone on error."""
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    temporary = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            yield out, temporary
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 @dataclass(frozen=True)
 class CachedArchive:
     path: Path
@@ -127,8 +112,10 @@ class CachedArchive:
     sha256: str
 
 
-class SdistCache:
-    """Layout under the root: downloads/ (archives + one JSON record per dist version), git/, files/."""
+class ArchiveCache:
+    """Archives downloaded from the index (sdists and wheels), each checked against the index's sha256 and
+    recorded under a MAC; the layout under the root: downloads/ (archives + one JSON record per dist version),
+    git/, files/."""
 
     def __init__(self, root: str | os.PathLike[str] | None = None, *, secret: bytes | None = None):
         """`secret`: the MAC key (default: the user's, `user_secret()`)."""
@@ -156,7 +143,7 @@ class SdistCache:
             archive = CachedArchive(path, record["url"], record["sha256"])
             if record.get("verified") == _stamp(found):
                 return archive
-            actual = _file_sha256(path)
+            actual = file_sha256(path)
         except (OSError, ValueError, KeyError, TypeError, RecursionError, AttributeError, PatchkitError):
             return None
         if actual != archive.sha256:
@@ -171,11 +158,8 @@ class SdistCache:
     def new_archive(self, dist: str, version: str, filename: str, url: str, sha256: str) -> Iterator[BinaryIO]:
         """Yields a file to fill; it enters the cache only when the block ends without an exception."""
         final = self.downloads / _plain_filename(filename)
-        self.downloads.mkdir(parents=True, exist_ok=True)
-        with _temporary_beside(final) as (out, temporary):
+        with adjacent_tmp_file(final) as out:
             yield out
-            out.close()
-            temporary.replace(final)
         found = final.stat()  # the download hashed these very bytes against the index's sha256
         record = {"filename": final.name, "url": url, "sha256": sha256, "size": found.st_size, "verified": _stamp(found)}
         self._write_record(dist, version, record)
@@ -186,7 +170,7 @@ class SdistCache:
         path = self.downloads / _plain_filename(filename)
         try:
             found = path.stat()
-            if not path.is_file() or _file_sha256(path) != sha256:
+            if not path.is_file() or file_sha256(path) != sha256:
                 return None
         except OSError:
             return None
@@ -211,11 +195,6 @@ class SdistCache:
 def _stamp(found: os.stat_result) -> list[int]:
     """What identifies the file last verified: any write or replacement changes ctime or inode."""
     return [found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns]
-
-
-def _file_sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _plain_filename(filename: str) -> str:
@@ -286,7 +265,7 @@ class FileCache:
         digest = hashlib.sha256(data).hexdigest()
         blob = self._blob(digest)
         try:
-            intact = _file_sha256(blob) == digest if blob.is_file() else False
+            intact = file_sha256(blob) == digest if blob.is_file() else False
         except OSError:
             intact = False
         if not intact:  # absent, or a planted file under this name

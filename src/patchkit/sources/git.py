@@ -28,7 +28,7 @@ from patchkit.sources.base import (
     find_package_root,
     relative_path,
 )
-from patchkit.sources.cache import SdistCache
+from patchkit.sources.cache import ArchiveCache
 from patchkit.sources.metadata import version_py
 
 _SCP_LIKE = re.compile(r"^[\w.-]+@[\w.-]+:")  # git@github.com:owner/repo.git
@@ -41,12 +41,12 @@ def is_remote(location: str) -> bool:
 
 
 class GitSource(SourceDefaults):
-    def __init__(self, location: str, ref: str, *, cache: SdistCache | None = None):
+    def __init__(self, location: str, ref: str, *, cache: ArchiveCache | None = None):
         if not location or not ref:
             raise PatchkitError(f"git source {location}@{ref} needs both a repository and a ref: git:PATH_OR_URL@REF")
         self.location, self.ref = location, ref
         self._repo = (
-            _remote_clone(location, ref, cache or SdistCache()) if is_remote(location) else _local_repo(location)
+            _remote_clone(location, ref, cache or ArchiveCache()) if is_remote(location) else _local_repo(location)
         )
         try:
             self.commit = self._repo.commit(ref)
@@ -131,7 +131,7 @@ def _local_repo(location: str) -> git.Repo:
         raise PatchkitError(f"{path} is not a git repository") from error
 
 
-def _remote_clone(url: str, ref: str, cache: SdistCache) -> git.Repo:
+def _remote_clone(url: str, ref: str, cache: ArchiveCache) -> git.Repo:
     """The cache's bare clone of `url`, created or fetched as needed; a failed clone leaves nothing."""
     name = url.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1].removesuffix(".git")
     target = cache.git / f"{name}-{hashlib.sha256(url.encode()).hexdigest()[:16]}.git"

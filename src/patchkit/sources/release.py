@@ -3,34 +3,49 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from patchkit.errors import PatchkitError
 from patchkit.sources.base import DISTRIBUTIONS
-from patchkit.sources.cache import SdistCache
-from patchkit.sources.index import choose_archive, download
+from patchkit.localfiles import file_sha256
+from patchkit.sources.cache import ArchiveCache, CachedArchive
+from patchkit.sources.index import IndexFile, choose_archive, download
 from patchkit.sources.metadata import same_distribution, same_version
 from patchkit.sources.sdist import SdistSource
 from patchkit.sources.wheel import WheelSource
 
 
-def open_release(dist: str, version: str, *, cache: SdistCache, progress: bool = True) -> SdistSource | WheelSource:
-    """The cached archive when it was downloaded and verified before (no network), else a download."""
-    package = next((p for p, d in DISTRIBUTIONS.items() if same_distribution(d, dist)), None)
-    if package is None:
-        raise PatchkitError(f"unknown distribution {dist!r}: patchkit knows {', '.join(DISTRIBUTIONS.values())}")
+def fetch_archive(cache: ArchiveCache, dist: str, version: str, choose: Callable[[], IndexFile], *,
+                  progress: bool = True, rehash: bool = False) -> CachedArchive:
+    """The archive of `dist` `version` in the cache: the one recorded there (rehashed first when `rehash`:
+    the caller copies its bytes without checking each), else one on disk the index vouches for, else a
+    download checked against the index's sha256. `choose` asks the index which file, only when needed."""
     cached = cache.lookup(dist, version)
-    if cached is None:
-        file = choose_archive(dist, version)
-        cached = cache.adopt(dist, version, file.filename, file.url, file.sha256)  # on disk, as the index says
+    if cached is not None and rehash and file_sha256(cached.path) != cached.sha256:  # damaged since fetched
+        cache.forget(dist, version, cached.path)
+        cached = None
+    if cached is not None:
+        return cached
+    file = choose()
+    cached = cache.adopt(dist, version, file.filename, file.url, file.sha256)  # on disk, as the index says
     if cached is None:
         with cache.new_archive(dist, version, file.filename, file.url, file.sha256) as out:
             download(file, out, progress=progress)
         cached = cache.lookup(dist, version)
-        if cached is None:
-            raise PatchkitError(f"{file.filename} vanished from the cache {cache.downloads} right after its download")
+    if cached is None:
+        raise PatchkitError(f"{file.filename} vanished from the cache {cache.downloads} right after its download")
+    return cached
+
+
+def open_release(dist: str, version: str, *, cache: ArchiveCache, progress: bool = True) -> SdistSource | WheelSource:
+    """The cached archive when it was downloaded and verified before (no network), else a download."""
+    package = next((p for p, d in DISTRIBUTIONS.items() if same_distribution(d, dist)), None)
+    if package is None:
+        raise PatchkitError(f"unknown distribution {dist!r}: patchkit knows {', '.join(DISTRIBUTIONS.values())}")
+    cached = fetch_archive(cache, dist, version, lambda: choose_archive(dist, version), progress=progress)
     origin = f"index, sha256 {cached.sha256[:12]}"
     discard = functools.partial(cache.forget, dist, version, cached.path)  # if found corrupt
     if cached.path.name.endswith(".whl"):

@@ -10,7 +10,7 @@ from packaging.version import InvalidVersion, Version
 
 from patchkit.errors import PatchkitError
 from patchkit.sources.base import Source
-from patchkit.sources.cache import SdistCache
+from patchkit.sources.cache import ArchiveCache
 from patchkit.sources.directory import DirectorySource
 from patchkit.sources.release import open_release
 from patchkit.sources.sdist import SdistSource
@@ -24,7 +24,7 @@ FORMS = (
 )
 
 
-def open_source(spec: str | os.PathLike[str], *, cache: SdistCache | None = None, progress: bool = True) -> Source:
+def open_source(spec: str | os.PathLike[str], *, cache: ArchiveCache | None = None, progress: bool = True) -> Source:
     text = os.fspath(spec).strip()
     if not text:
         raise PatchkitError(f"empty source: give {FORMS}")
@@ -50,7 +50,7 @@ def open_source(spec: str | os.PathLike[str], *, cache: SdistCache | None = None
         dist, version = (pinned["dist"], pinned["version"]) if pinned else ("vllm", text)
         if not _is_version(version):
             raise PatchkitError(f"source {spec!r}: {version!r} is not a version (PEP 440)")
-        return open_release(dist, version, cache=cache or SdistCache(), progress=progress)
+        return open_release(dist, version, cache=cache or ArchiveCache(), progress=progress)
     if path.is_dir():
         return DirectorySource(path)
     if any(operator in text for operator in "<>~!="):

@@ -35,7 +35,7 @@ from patchkit.patching.patchset import Patch, PatchSet
 from patchkit.patching.planner import EditState, PatchResult, Plan, State, plan
 from patchkit.patching.series import FULL_SERIES
 from patchkit.sources.base import Source
-from patchkit.sources.cache import SdistCache
+from patchkit.sources.cache import ArchiveCache
 from patchkit.verify.states import CellState
 from patchkit.verify.targets import Target, open_target
 
@@ -173,7 +173,7 @@ def compute(
     *,
     image_series: dict[str, tuple[str, ...]] | None = None,
     pinned: str = PINNED_VLLM,
-    cache: SdistCache | None = None,
+    cache: ArchiveCache | None = None,
     extra: list[Source] | None = None,
     progress: bool = False,
     opener: Callable[[Target], Source] | None = None,
@@ -248,7 +248,7 @@ class _Companions:
     """Without --with, a release is checked together with the FlashInfer release it pins; releases that
     pin the same one (0.31 and 0.32) share it, opened once even when both open at the same time."""
 
-    def __init__(self, cache: SdistCache | None, progress: bool):
+    def __init__(self, cache: ArchiveCache | None, progress: bool):
         self._cache, self._progress = cache, progress
         self._opened: dict[str, Source] = {}
         self._lock = threading.Lock()

@@ -17,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 from patchkit import PINNED_VLLM
 from patchkit.errors import PatchkitError
 from patchkit.sources.base import Source
-from patchkit.sources.cache import SdistCache
+from patchkit.sources.cache import ArchiveCache
 
 _OPERATORS = "<>=!~"
 
@@ -143,7 +143,7 @@ def tag_version(tag: str) -> Version | None:
         return None
 
 
-def open_target(target: Target, *, cache: SdistCache | None = None, progress: bool = False) -> Source:
+def open_target(target: Target, *, cache: ArchiveCache | None = None, progress: bool = False) -> Source:
     """The target as a source: a release through the sdist cache, a git ref from its repository (its label
     prefixes any error)."""
     from patchkit.sources import open_source

@@ -21,7 +21,7 @@ from urllib.parse import quote
 from packaging.utils import canonicalize_name
 
 from patchkit.errors import PatchkitError
-from patchkit.sources.cache import atomic_write
+from patchkit.localfiles import atomic_write
 from patchkit.wheels.manifest import MANIFEST, WheelManifest
 from patchkit.wheels.verified import open_wheel
 

@@ -9,14 +9,14 @@ folder because the cache records one archive per distribution version.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from packaging.version import Version
 
 from patchkit.errors import PatchkitError
-from patchkit.sources.cache import SdistCache, default_cache_root
-from patchkit.sources.index import IndexFile, download, project_files
+from patchkit.sources.cache import ArchiveCache, default_cache_root
+from patchkit.sources.index import IndexFile, project_files
+from patchkit.sources.release import fetch_archive
 from patchkit.wheels import ARCHES
 
 
@@ -25,26 +25,12 @@ def release_wheel(version: str, arch: str, *, dist: str = "vllm", cache_root: Pa
     """The cached manylinux `arch` wheel of `dist` `version`: no network when it was fetched before."""
     if arch not in ARCHES:
         raise PatchkitError(f"unknown platform {arch!r}: patchkit builds wheels for {', '.join(ARCHES)}")
-    cache = SdistCache((cache_root or default_cache_root()) / "wheels" / arch)
-    cached = cache.lookup(dist, version)
-    if cached is not None and _sha256(cached.path) != cached.sha256:  # damaged on disk since its download
-        cache.forget(dist, version, cached.path)
-        cached = None
-    if cached is None:
-        file = choose_wheel(dist, version, arch)
-        with cache.new_archive(dist, version, file.filename, file.url, file.sha256) as out:
-            download(file, out, progress=progress)
-        cached = cache.lookup(dist, version)
-        if cached is None:
-            raise PatchkitError(f"{file.filename} vanished from the cache {cache.downloads} right after its download")
+    cache = ArchiveCache((cache_root or default_cache_root()) / "wheels" / arch)
+    # rehashed on every use (0.2 s for vLLM's wheel): the copied members' RECORD hashes come from the
+    # release's RECORD, which is only as good as the bytes on disk
+    cached = fetch_archive(cache, dist, version, lambda: choose_wheel(dist, version, arch), progress=progress,
+                           rehash=True)
     return cached.path
-
-
-def _sha256(path: Path) -> str:
-    """The whole file hashed again on every use (0.2 s for vLLM's wheel): the copied members' RECORD
-    hashes are taken from the release's RECORD, which is only as good as the bytes on disk."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def choose_wheel(dist: str, version: str, arch: str) -> IndexFile:

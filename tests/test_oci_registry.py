@@ -7,9 +7,27 @@ from registry import free_port, registry_server  # noqa: F401  (session fixture)
 
 from patchkit.errors import PatchkitError
 from patchkit.oci.media import OCI_MANIFEST, canonical_json, sha256_digest
-from patchkit.oci.registry import Reference, RegistryClient
+from patchkit.oci.progress import Quiet
+from patchkit.oci.registry import Outcome, Reference, RegistryClient
+from patchkit.oci.transport import RegistryError, RegistryUnreachable
 
 pytestmark = pytest.mark.registry
+
+
+@pytest.fixture(autouse=True)
+def short_backoff(monkeypatch):
+    """Retries here wait milliseconds, not the half second and more a real push waits."""
+    monkeypatch.setenv("PATCHKIT_REGISTRY_BACKOFF_S", "0.01")
+
+
+class Notes(Quiet):
+    """A Progress that keeps what it is told."""
+
+    def __init__(self):
+        self.said: list[str] = []
+
+    def note(self, message):
+        self.said.append(message)
 
 
 @pytest.mark.parametrize("text, registry, repo, tag, digest", [
@@ -40,12 +58,19 @@ def test_blob_and_manifest_round_trip_with_cross_repo_mount(registry_server, tmp
     assert client.blob_exists("src/repo", digest)
 
     # mounted, not uploaded: the registry links the blob into the other repository
-    assert client.mount_blob("dst/repo", digest, "src/repo") is True
+    assert client.push_blob("dst/repo", digest, data, mount_from="src/repo") is Outcome.MOUNTED
     assert client.blob_exists("dst/repo", digest)
-    # a mount from a repository that lacks the blob is declined (the caller then uploads)
-    other = sha256_digest(b"other")
-    assert client.mount_blob("dst/repo", other, "src/repo") is False
-    assert not client.blob_exists("dst/repo", other)
+    assert client.push_blob("dst/repo", digest, data, mount_from="src/repo") is Outcome.EXISTING
+    # a mount from a repository that lacks the blob is declined: a warning, and the blob uploaded into
+    # the session the registry opened instead
+    other = b"other"
+    notes = Notes()
+    client = RegistryClient(registry_server.host, progress=notes)
+    assert client.push_blob("dst/repo", sha256_digest(other), other, mount_from="src/repo") is Outcome.UPLOADED
+    assert client.blob_exists("dst/repo", sha256_digest(other))
+    assert [n for n in notes.said if n.startswith("warning:")] == [
+        f"warning: registry {registry_server.host} declined to mount {sha256_digest(other)[:19]} from src/repo "
+        "(it opened an upload session instead); uploading it"]
 
     path = tmp_path / "blob"
     client.download_blob("dst/repo", digest, path, len(data))
@@ -71,16 +96,22 @@ def test_blob_and_manifest_round_trip_with_cross_repo_mount(registry_server, tmp
         client.get_manifest("dst/repo", "nope")
 
 
-def test_a_blob_that_does_not_match_its_digest_is_refused(registry_server, tmp_path):
+def test_a_blob_that_does_not_match_its_digest_is_refused_and_not_retried(registry_server, tmp_path):
     client = RegistryClient(registry_server.host)
-    with pytest.raises(PatchkitError):
-        client.upload_blob("x/repo", sha256_digest(b"claimed"), b"actual")   # the registry checks too
-    with pytest.raises(PatchkitError, match="answered 404"):
+    with pytest.raises(RegistryError) as err:
+        client.upload_blob("x/repo", sha256_digest(b"claimed"), b"actual")   # bytes: the registry checks
+    assert (err.value.status, err.value.attempts, err.value.blob) == (400, 1, sha256_digest(b"claimed"))
+    assert "DIGEST_INVALID" in err.value.detail
+    with pytest.raises(RegistryError) as err:
         client.download_blob("x/repo", sha256_digest(b"absent"), tmp_path / "b")
+    assert (err.value.status, err.value.attempts) == (404, 1)
+    assert "BLOB_UNKNOWN" in err.value.detail
     assert not (tmp_path / "b").exists()
 
 
-def test_an_unreachable_registry_is_a_clear_error():
+def test_an_unreachable_registry_is_a_clear_error_after_the_bounded_retries():
     client = RegistryClient(f"127.0.0.1:{free_port()}")
-    with pytest.raises(PatchkitError, match="cannot reach registry 127.0.0.1"):
+    with pytest.raises(RegistryUnreachable, match="cannot reach registry 127.0.0.1") as err:
         client.get_manifest("a/b", "latest")
+    assert err.value.status is None and err.value.attempts == client.retry.attempts == 4
+    assert err.value.request == f"GET http://{client.registry}/v2/a/b/manifests/latest"

@@ -3,35 +3,38 @@
 Only what an append-one-layer build needs (distribution-spec v1.1): GET/HEAD/PUT manifests, GET/HEAD
 blobs, monolithic blob upload (POST then PUT ?digest=), and `POST /v2/<name>/blobs/uploads/
 ?mount=<digest>&from=<repo>` so base layers already in the registry are linked into the target
-repository instead of being downloaded and uploaded again. Every byte read is checked against the
-digest it was asked for: a registry cannot hand back different content than the reference pins. Every
-answer is outside input: a manifest or token answer is read up to the manifest limit and no further, a
-blob stops at the size its descriptor gives (oci.verified), an error body is read for its first 64 KiB,
-and JSON answers are decoded against their shape.
+repository instead of being downloaded and uploaded again; a mount the registry declines or refuses is
+warned about and the blob uploaded. Every request is retried as `oci.transport` says (bounded, with
+backoff, whole attempts with rebuilt bodies). Every byte read is checked against the digest it was asked
+for: a registry cannot hand back different content than the reference pins. Every answer is outside
+input: a manifest or token answer is read up to the manifest limit and no further, a blob stops at the
+size its descriptor gives (oci.verified), an error body is read for its first 64 KiB, and JSON answers
+are decoded against their shape.
 
 Credentials come from the files `docker login`/`podman login` write (`$REGISTRY_AUTH_FILE`,
 `$DOCKER_CONFIG/config.json`, `~/.docker/config.json`), inline entries and credential helpers alike
-(read by the docker SDK), so CI logs in with the usual action and a workstation with its credential store. Loopback registries are spoken to over plain HTTP, as Docker does; others over HTTPS
-unless listed in `$PATCHKIT_INSECURE_REGISTRIES` (comma-separated host[:port]).
+(read by the docker SDK), so CI logs in with the usual action and a workstation with its credential store.
+Loopback registries are spoken to over plain HTTP, as Docker does; others over HTTPS unless listed in
+`$PATCHKIT_INSECURE_REGISTRIES` (comma-separated host[:port]).
 """
 
 from __future__ import annotations
 
-import base64
 import os
 import re
 import tempfile
-import time
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
-from urllib.parse import urljoin
 
-import msgspec
 import requests
-import urllib3
 
 from patchkit.errors import PatchkitError
-from patchkit.jsondata import MalformedJson, decode, load_json_object
+from patchkit.jsondata import decode, load_json_object
+from patchkit.oci.bodies import Download, Sending, Sent, once
 from patchkit.oci.media import (
     DOCKER_LIST,
     DOCKER_MANIFEST,
@@ -42,21 +45,25 @@ from patchkit.oci.media import (
 )
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.schema import Typed
+from patchkit.oci.transport import (
+    BODY_DEADLINE_S,
+    TIMEOUT,
+    Body,
+    Cancelled,
+    Reader,
+    RegistryError,
+    RetryPolicy,
+    Transport,
+    read_body,
+    with_retries,
+)
 from patchkit.oci.verified import BlobMismatch, VerifiedStream
-from patchkit.untrusted import InputTooLarge, limit_of, open_regular, read_file
+from patchkit.untrusted import open_regular, read_file
 
 MANIFEST_ACCEPT = ", ".join([OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST])
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
-TIMEOUT = (10, 300)  # connect, read (seconds)
 CHUNK = 1 << 20
-ERROR_TEXT = 64 << 10  # what is read of an error answer's body: its message is in the first few hundred bytes
-# A bounded body is read this much at a time: a Content-Encoding a server sends unasked is inflated a chunk
-# at a time by urllib3, so one step of a deflate bomb (~1000:1) stays under 64 MiB.
-BODY_STEP = 64 << 10
-# A manifest or token answer arrives in well under a second; one dripped a byte at a time, each inside the
-# read timeout, would otherwise keep a build waiting for ever.
-BODY_DEADLINE_S = 120.0
 
 _REF_RE = re.compile(
     r"^(?P<repo>[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*)"
@@ -135,155 +142,81 @@ def _credentials(registry: str) -> tuple[str, str] | None:
     return None
 
 
-def _parse_challenge(header: str) -> tuple[str, dict[str, str]]:
-    scheme, _, params = header.partition(" ")
-    return scheme.lower(), dict(re.findall(r'(\w+)="([^"]*)"', params))
+
+class ManifestNotFound(RegistryError):
+    """A tag or digest the registry does not hold (exit 2)."""
+
+    def __str__(self) -> str:
+        return f"{self.detail} not found in the registry"
 
 
-class _Token(msgspec.Struct):
-    token: str = ""
-    access_token: str = ""
+class Outcome(StrEnum):
+    """How a blob came to be in the target repository."""
+
+    EXISTING = "existing"   # it was there already
+    MOUNTED = "mounted"     # linked from another repository of the registry
+    UPLOADED = "uploaded"
 
 
-class _ErrorItem(msgspec.Struct):
-    code: str = ""
-    message: str = ""
+# A thread that pushes one of several blobs at once folds its transfers into the push's one bar: rich
+# draws one live display at a time, and bars opened and closed by parallel threads would garble it.
+_folded = threading.local()
 
 
-class _Errors(msgspec.Struct):
-    errors: list[_ErrorItem] = []
-
-
-class _Upload:
-    """A verified blob body with a length (so requests sends Content-Length, not chunked) and progress."""
-
-    def __init__(self, stream: VerifiedStream, advance):
-        self._stream = stream
-        self._advance = advance
-
-    def __len__(self) -> int:
-        return len(self._stream)
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._stream.read(n)
-        self._advance(len(data))
-        return data
-
-
-def read_body(resp: requests.Response, kind: str, what: str) -> bytes:
-    """A response body up to `kind`'s limit, refused past it (a declared Content-Length over it before
-    a byte is read); a connection lost mid-body is an error, not a short document."""
-    limit = limit_of(kind)
-    declared = resp.headers.get("Content-Length", "")
-    if declared.isdigit() and int(declared) > limit:
-        resp.close()
-        raise InputTooLarge(what, kind, limit, int(declared))
-    data = bytearray()
-    deadline = time.monotonic() + BODY_DEADLINE_S
-    read1 = getattr(resp.raw, "read1", None)  # urllib3 2: what has arrived, without waiting for a full step
-    chunks = iter(lambda: read1(BODY_STEP, decode_content=True), b"") if read1 else resp.iter_content(BODY_STEP)
+@contextmanager
+def transfers_folded() -> Iterator[None]:
+    """Within it, blob transfers on this thread open no progress bar of their own."""
+    _folded.on = True
     try:
-        for chunk in chunks:
-            data += chunk
-            if len(data) > limit:
-                raise InputTooLarge(what, kind, limit)
-            if time.monotonic() > deadline:
-                raise PatchkitError(f"{what}: the answer is still arriving after {BODY_DEADLINE_S:g} s "
-                                    f"({len(data):,} B so far); a registry sends a manifest in well under a second")
-    except (requests.RequestException, urllib3.exceptions.HTTPError) as exc:
-        raise PatchkitError(f"{what}: the answer broke off: {exc.__class__.__name__}: {exc}") from None
+        yield
     finally:
-        resp.close()
-    return bytes(data)
+        _folded.on = False
 
 
 class RegistryClient:
-    def __init__(self, registry: str, *, progress: Progress | None = None, session: requests.Session | None = None):
+    def __init__(self, registry: str, *, progress: Progress | None = None, session: requests.Session | None = None,
+                 retry: RetryPolicy | None = None, timeout: tuple[float, float] = TIMEOUT):
+        """`retry`: the retry policy (default: from the environment, `RetryPolicy.from_env`)."""
         self.registry = registry
         insecure = {h.strip() for h in os.environ.get("PATCHKIT_INSECURE_REGISTRIES", "").split(",") if h.strip()}
         scheme = "http" if _is_loopback(registry) or registry in insecure else "https"
         host = DOCKER_HUB_API if registry == DOCKER_HUB else registry
         self.base_url = f"{scheme}://{host}/v2/"
-        self.session = session or requests.Session()
         self.progress = progress or Quiet()
-        self._tokens: dict[str, str] = {}
-        self._basic: str | None = None
+        self.retry = retry or RetryPolicy.from_env()
+        self.transport = Transport(registry, self.base_url, credentials=lambda: _credentials(registry),
+                                   session=session, timeout=timeout)
 
-    # -- plumbing -------------------------------------------------------------------------------
-    def _request(self, method: str, path_or_url: str, scopes: tuple[str, ...], *, ok=(200,), keep_open=False,
-                 **kw) -> requests.Response:
-        """The answer to one request (after one round of authentication), its status in `ok`; closed
-        unread unless `keep_open` (the caller then reads the body, bounded, and closes it)."""
-        url = path_or_url if path_or_url.startswith("http") else urljoin(self.base_url, path_or_url)
-        headers = dict(kw.pop("headers", {}))
-        for attempt in range(2):
-            auth = self._tokens.get(" ".join(scopes)) or self._basic
-            if auth:
-                headers["Authorization"] = auth
-            if attempt and hasattr(kw.get("data"), "read"):
-                raise PatchkitError(f"registry {self.registry} asked for credentials again in the middle of "
-                                    f"{method} {url}; a streamed body cannot be sent twice")
-            try:
-                # Always streamed: a body is read only by the caller that wants it, and then bounded.
-                resp = self.session.request(method, url, headers=headers, timeout=TIMEOUT, stream=True, **kw)
-            except requests.RequestException as exc:
-                raise PatchkitError(f"cannot reach registry {self.registry}: {exc.__class__.__name__}: {exc}") from None
-            if resp.status_code == 401 and attempt == 0:
-                resp.close()
-                self._authenticate(resp, scopes)
-                continue
-            break
-        if resp.status_code not in ok:
-            raise PatchkitError(f"registry {self.registry}: {method} {url} answered {resp.status_code}: "
-                                f"{_error_text(resp)}")
-        if not keep_open:
-            resp.close()
-        return resp
+    def _retrying(self, attempt, *, blob: str | None = None, cancel: threading.Event | None = None):
+        return with_retries(attempt, self.retry, note=self.progress.note, blob=blob, cancel=cancel)
 
-    def _authenticate(self, resp: requests.Response, scopes: tuple[str, ...]) -> None:
-        scheme, params = _parse_challenge(resp.headers.get("WWW-Authenticate", ""))
-        creds = _credentials(self.registry)
-        if scheme == "basic":
-            if not creds:
-                raise PatchkitError(f"registry {self.registry} needs credentials: log in with docker/podman login")
-            self._basic = "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
-            return
-        if scheme != "bearer" or "realm" not in params:
-            raise PatchkitError(f"registry {self.registry} asked for unsupported authentication {scheme!r}")
-        query = {"service": params.get("service", ""), "scope": list(scopes)}
-        what = f"the token service of {self.registry} ({params['realm']})"
-        try:
-            tok = self.session.get(params["realm"], params=query, auth=creds, timeout=TIMEOUT, stream=True)
-        except requests.RequestException as exc:
-            raise PatchkitError(f"cannot reach {what}: {exc}") from None
-        if tok.status_code != 200:
-            raise PatchkitError(f"registry {self.registry} refused a token for {' '.join(scopes)} "
-                                f"({tok.status_code}): {_error_text(tok)}")
-        body = decode(read_body(tok, "manifest", what), _Token, what)
-        token = body.token or body.access_token
-        if not token:
-            raise MalformedJson(what, "the answer holds no token (neither 'token' nor 'access_token')")
-        self._tokens[" ".join(scopes)] = "Bearer " + token
+    def _task(self, label: str, total: int | None):
+        return Quiet().task(label, total) if getattr(_folded, "on", False) else self.progress.task(label, total)
 
     # -- manifests ------------------------------------------------------------------------------
     def get_manifest(self, repo: str, ref: str) -> tuple[bytes, str]:
         """(bytes, media type) of a manifest or index by tag or digest; a digest is verified."""
-        resp = self._request("GET", f"{repo}/manifests/{ref}", (f"repository:{repo}:pull",),
-                             ok=(200, 404), headers={"Accept": MANIFEST_ACCEPT}, keep_open=True)
-        if resp.status_code == 404:
-            resp.close()
-            raise PatchkitError(f"{self.registry}/{repo}:{ref} not found in the registry")
         what = f"manifest {self.registry}/{repo}{'@' if ref.startswith('sha256:') else ':'}{ref}"
-        data = read_body(resp, "manifest", what)
+
+        def attempt() -> tuple[bytes, str]:
+            resp = self.transport.send("GET", f"{repo}/manifests/{ref}", (f"repository:{repo}:pull",),
+                                       ok=(200, 404), headers={"Accept": MANIFEST_ACCEPT}, keep_open=True)
+            if resp.status_code == 404:
+                resp.close()
+                raise ManifestNotFound(self.registry, f"GET {resp.url}", 404, f"{self.registry}/{repo}:{ref}")
+            media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
+            return read_body(resp, "manifest", what, registry=self.registry, deadline_s=BODY_DEADLINE_S), media_type
+
+        data, media_type = self._retrying(attempt)
         if ref.startswith("sha256:") and sha256_digest(data) != ref:
             raise PatchkitError(f"{self.registry}/{repo}@{ref}: the registry returned a manifest with "
                                 f"digest {sha256_digest(data)}")
-        media_type = resp.headers.get("Content-Type", "").split(";")[0].strip()
         return data, decode(data, Typed, what).mediaType or media_type
 
     def put_manifest(self, repo: str, ref: str, data: bytes, media_type: str) -> str:
-        resp = self._request("PUT", f"{repo}/manifests/{ref}", (f"repository:{repo}:pull,push",), ok=(200, 201),
-                             data=data, headers={"Content-Type": media_type})
+        resp = self._retrying(lambda: self.transport.send(
+            "PUT", f"{repo}/manifests/{ref}", (f"repository:{repo}:pull,push",), ok=(200, 201), body=data,
+            headers={"Content-Type": media_type}))
         digest = sha256_digest(data)
         served = resp.headers.get("Docker-Content-Digest")
         if served and served != digest:
@@ -292,33 +225,44 @@ class RegistryClient:
 
     # -- blobs ----------------------------------------------------------------------------------
     def blob_exists(self, repo: str, digest: str) -> bool:
-        resp = self._request("HEAD", f"{repo}/blobs/{check_digest(digest)}", (f"repository:{repo}:pull",),
-                             ok=(200, 404))
+        return self._retrying(lambda: self._exists(repo, digest))
+
+    def _exists(self, repo: str, digest: str) -> bool:
+        resp = self.transport.send("HEAD", f"{repo}/blobs/{check_digest(digest)}", (f"repository:{repo}:pull",),
+                                   ok=(200, 404))
         return resp.status_code == 200
 
     def download_blob(self, repo: str, digest: str, dest: Path, size: int | None = None) -> Path:
         """Stream a blob to `dest` (via a temporary file in the same directory), never past `size` bytes,
-        verifying its digest before it is renamed into place."""
+        verifying its digest before it is renamed into place; a download that breaks off starts again."""
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with self.stream_blob(repo, digest, size) as stream:
-            fd, tmp = tempfile.mkstemp(prefix=".part-", dir=dest.parent)
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    while chunk := stream.read(CHUNK):
-                        out.write(chunk)
-                    stream.finish()
-                os.replace(tmp, dest)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+
+        def attempt() -> None:
+            with self._open_blob(repo, digest, size) as stream:
+                fd, tmp = tempfile.mkstemp(prefix=".part-", dir=dest.parent)
+                try:
+                    with os.fdopen(fd, "wb") as out:
+                        while chunk := stream.read(CHUNK):
+                            out.write(chunk)
+                        stream.finish()
+                    os.replace(tmp, dest)
+                finally:
+                    if os.path.exists(tmp):
+                        os.unlink(tmp)
+
+        self._retrying(attempt, blob=digest)
         return dest
 
     def stream_blob(self, repo: str, digest: str, size: int | None = None) -> VerifiedStream:
         """A reader over a blob as it arrives (nothing on disk), stopping at `size` (the descriptor's) and
-        checking the digest when the last byte arrives; `upload_blob` accepts it as a body."""
+        checking the digest when the last byte arrives. The request is retried until its answer begins;
+        a body that breaks off later is the reader's caller's to start again (`push_blob` does)."""
+        return self._retrying(lambda: self._open_blob(repo, digest, size), blob=digest)
+
+    def _open_blob(self, repo: str, digest: str, size: int | None) -> VerifiedStream:
         what = f"registry {self.registry}: {repo}"
-        resp = self._request("GET", f"{repo}/blobs/{check_digest(digest)}", (f"repository:{repo}:pull",),
-                             keep_open=True)
+        resp = self.transport.send("GET", f"{repo}/blobs/{check_digest(digest)}", (f"repository:{repo}:pull",),
+                                   keep_open=True)
         length = resp.headers.get("Content-Length", "")
         if size is not None and length.isdigit() and int(length) != size:
             resp.close()
@@ -326,99 +270,108 @@ class RegistryClient:
                                f"a Content-Length of {int(length):,} B")
         if size is None and length.isdigit():
             size = int(length)
-        return VerifiedStream(_Download(resp, size, self.progress, f"pull {digest[7:19]}"), digest, size, what)
+        return VerifiedStream(Download(self.registry, resp, size, self._task(f"pull {digest[7:19]}", size)),
+                              digest, size, what)
 
-    def mount_blob(self, repo: str, digest: str, from_repo: str) -> bool:
-        """Link a blob from another repository of this registry. False if the registry declined (it
-        then opened an upload session, which is cancelled)."""
-        resp = self._request("POST", f"{repo}/blobs/uploads/?mount={check_digest(digest)}&from={from_repo}",
-                             (f"repository:{repo}:pull,push", f"repository:{from_repo}:pull"), ok=(201, 202))
-        if resp.status_code == 201:
-            return True
-        location = resp.headers.get("Location")
-        if location:
-            try:
-                self.session.delete(urljoin(self.base_url, location), timeout=TIMEOUT, stream=True,
-                                    headers={"Authorization": self._tokens.get(f"repository:{repo}:pull,push "
-                                                                               f"repository:{from_repo}:pull", "")}).close()
-            except requests.RequestException:
-                pass  # an abandoned session expires on its own
-        return False
+    def push_blob(self, repo: str, digest: str, content: bytes | Path | Callable[[], Reader], *,
+                  mount_from: str | None = None, advance: Callable[[int], None] | None = None,
+                  cancel: threading.Event | None = None) -> Outcome:
+        """Blob `digest` into `repo` the cheapest way: there already (HEAD), mounted from `mount_from` (a
+        repository of this registry), else uploaded whole. A mount the registry declines (202: it opened
+        an upload session instead) or refuses (an error that would not pass) is a warning, and the blob
+        is uploaded (into the session it opened). Each retry starts from the HEAD again, so a blob that
+        arrived although its answer was lost is not sent twice. `content` as for `upload_blob`."""
+        body, mount = self._body(digest, content), [mount_from]
 
-    def upload_blob(self, repo: str, digest: str, content: bytes | Path | VerifiedStream) -> None:
-        """Monolithic upload; `content` may be bytes, a file, or a verified stream (another registry's
-        `stream_blob`, copied through without touching the disk). A file or stream is hashed as it is sent
-        and the last chunk withheld unless it matches, so no registry is handed a wrong blob."""
-        scopes = (f"repository:{repo}:pull,push",)
-        resp = self._request("POST", f"{repo}/blobs/uploads/", scopes, ok=(202,))
-        if not resp.headers.get("Location"):
-            raise PatchkitError(f"registry {self.registry}: POST {repo}/blobs/uploads/ answered 202 without "
-                                "the Location of the upload")
-        location = urljoin(self.base_url, resp.headers["Location"])
-        location += ("&" if "?" in location else "?") + f"digest={digest}"
-        headers = {"Content-Type": "application/octet-stream"}
-        if isinstance(content, bytes):
-            with self.progress.task(f"push {digest[7:19]}", len(content)) as advance:
-                self._request("PUT", location, scopes, ok=(201,), data=content, headers=headers)
-                advance(len(content))
-            return
-        if isinstance(content, Path):
-            f = open_regular(content, "layer")
-            content = VerifiedStream(f, digest, os.fstat(f.fileno()).st_size, str(content))
-        with content:
-            if content.size is None:
-                raise PatchkitError(f"cannot copy blob {digest}: its size is unknown")
-            with self.progress.task(f"push {digest[7:19]}", content.size) as advance:
-                self._request("PUT", location, scopes, ok=(201,), data=_Upload(content, advance),
-                              headers={**headers, "Content-Length": str(content.size)})
+        def attempt() -> Outcome:
+            if self._exists(repo, digest):
+                return Outcome.EXISTING
+            location = None
+            if mount[0]:
+                location = self._mount(repo, digest, mount[0])
+                if location is None:
+                    return Outcome.MOUNTED
+                mount[0] = None  # declined or refused: upload from now on, warned once
+            self._upload(repo, digest, body, location or self._start_upload(repo), advance, cancel)
+            return Outcome.UPLOADED
 
+        return self._retrying(attempt, blob=digest, cancel=cancel)
 
-class _Download:
-    """A streaming blob body: `read(n)` with progress, and a length so it can be re-sent as a body."""
-
-    def __init__(self, resp: requests.Response, size: int | None, progress: Progress, label: str):
-        self._resp = resp
-        self._raw = resp.raw
-        self._raw.decode_content = False  # the blob's bytes as stored, never transfer-decoded
-        self.size = size
-        self._task = progress.task(label, size)
-        self._advance = self._task.__enter__()
-
-    def __len__(self) -> int:
-        return self.size or 0
-
-    def read(self, n: int = -1) -> bytes:
+    def _mount(self, repo: str, digest: str, from_repo: str) -> str | None:
+        """None when mounted; else the upload session to put the blob into ("": none, start one)."""
+        scopes = (f"repository:{repo}:pull,push", f"repository:{from_repo}:pull")
         try:
-            data = self._raw.read(None if n is None or n < 0 else n)
-        except Exception as exc:  # urllib3 errors: a dropped connection mid-blob
-            raise PatchkitError(f"download interrupted: {exc.__class__.__name__}: {exc}") from None
-        self._advance(len(data))
-        return data
+            resp = self.transport.send("POST", f"{repo}/blobs/uploads/?mount={check_digest(digest)}&from={from_repo}",
+                                       scopes, ok=(201, 202))
+        except RegistryError as err:
+            if err.retryable:
+                raise
+            self.progress.note(f"warning: registry {self.registry} refused to mount {digest[:19]} from {from_repo} "
+                               f"({err.status}: {err.detail[:200]}); uploading it instead")
+            return ""
+        if resp.status_code == 201:
+            return None
+        self.progress.note(f"warning: registry {self.registry} declined to mount {digest[:19]} from {from_repo} "
+                           "(it opened an upload session instead); uploading it")
+        return resp.headers.get("Location") or ""
 
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.__exit__(None, None, None)
-            self._task = None
-        self._resp.close()
+    def upload_blob(self, repo: str, digest: str,
+                    content: bytes | Path | Callable[[], Reader] | VerifiedStream) -> None:
+        """Monolithic upload; `content` may be bytes, a file, a callable that opens the blob at its start
+        (another registry's `stream_blob`, copied through without touching the disk), or one such stream
+        (sent once: a retry then has nothing to send). A file or stream is hashed as it is sent and the
+        last chunk withheld unless it matches, so no registry is handed a wrong blob."""
+        body = self._body(digest, content)
+        total = (len(content) if isinstance(content, bytes) else content.size if isinstance(content, VerifiedStream)
+                 else content.stat().st_size if isinstance(content, Path) else None)
+        with self._task(f"push {digest[7:19]}", total) as advance:
+            self._retrying(lambda: self._upload(repo, digest, body, self._start_upload(repo), advance, None),
+                           blob=digest)
 
-    def __enter__(self) -> _Download:
-        return self
+    def _start_upload(self, repo: str) -> str:
+        resp = self.transport.send("POST", f"{repo}/blobs/uploads/", (f"repository:{repo}:pull,push",), ok=(202,))
+        if not resp.headers.get("Location"):
+            raise RegistryError(self.registry, f"POST {resp.url}", 202, "answered without the Location of the upload")
+        return resp.headers["Location"]
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def _upload(self, repo: str, digest: str, body: Body, location: str, advance: Callable[[int], None] | None,
+                cancel: threading.Event | None) -> None:
+        """PUT the whole blob into upload session `location`, committing it."""
+        url = self.transport.url(location)
+        url += ("&" if "?" in url else "?") + f"digest={digest}"
+        sent = Sent(advance or (lambda n: None))
+        if isinstance(body, bytes):
+            data: Body = body
+        else:
+            def data() -> Reader | bytes:
+                reader = body()
+                if isinstance(reader, bytes):
+                    return reader
+                if not len(reader):  # an empty blob: requests would send a length-0 stream chunked
+                    empty = reader.read()
+                    reader.close()
+                    return empty
+                return Sending(reader, sent, cancel)
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled: another blob of this push failed")
+        resp = self.transport.send("PUT", url, (f"repository:{repo}:pull,push",), ok=(201,), body=data,
+                                   headers={"Content-Type": "application/octet-stream"}, lost_session=True)
+        if isinstance(body, bytes):
+            sent.to(len(body))
+        served = resp.headers.get("Docker-Content-Digest")
+        if served and served != digest:
+            raise RegistryError(self.registry, f"PUT {url}", 201, f"stored the blob as {served}", blob=digest)
 
-
-def _error_text(resp: requests.Response) -> str:
-    """The registry's own words for a failure, from the first 64 KiB of its answer."""
-    try:
-        raw = resp.raw.read(ERROR_TEXT, decode_content=False) or b""  # never inflated: a message, not a bomb
-    except Exception:  # urllib3's errors: the message is a courtesy, the status already says it failed
-        raw = b""
-    finally:
-        resp.close()
-    try:
-        errors = msgspec.json.decode(raw, type=_Errors).errors
-    except (msgspec.MsgspecError, RecursionError):
-        errors = []
-    text = raw.decode("utf-8", "replace")[:200]
-    return "; ".join(f"{e.code}: {e.message}" for e in errors)[:2000] or text or resp.reason or ""
+    def _body(self, digest: str, content: bytes | Path | Callable[[], Reader] | VerifiedStream) -> Body:
+        """`content` as something each send opens afresh at its start."""
+        check_digest(digest)
+        if isinstance(content, bytes):
+            return content
+        if isinstance(content, Path):
+            def reopen() -> Reader:
+                f = open_regular(content, "layer")
+                return VerifiedStream(f, digest, os.fstat(f.fileno()).st_size, str(content))
+            return reopen
+        if isinstance(content, VerifiedStream):
+            return once(content, digest)
+        return content

@@ -28,12 +28,14 @@ from engines import client, podman, podman_service  # noqa: F401
 from registry import flatten, make_base, push_base, registry_server, vllm_sdist  # noqa: F401
 from test_sources import FakeIndex
 
+from patchkit.checkpoint.serve import serve_command
 from patchkit.errors import PatchkitError
 from patchkit.images.build import build
 from patchkit.images.definitions import WheelPin, load_image, load_images
 from patchkit.images.engine import render_context
 from patchkit.images.extras import DIR_MODE, Scheme, WheelPinMismatch, extra_layer, fetch, install
 from patchkit.patching.patchset import load_patchset
+from patchkit.variants.definitions import find_variant, load_variants
 from patchkit.wheels.verified import BadWheel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +48,6 @@ WHEEL_PIN = WheelPin("wheel", "0.48.0", {PLATFORM: ("wheel-0.48.0-py3-none-any.w
                      why="a real wheel with a console script")
 PIP_TARGET = ["--no-deps", "--no-compile", "--no-index", "--only-binary=:all:", "--platform", "manylinux_2_28_aarch64",
               "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312"]
-pytestmark = pytest.mark.network
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +100,7 @@ def run_script(script: Path, site: Path) -> str:
     return proc.stdout.strip()
 
 
+@pytest.mark.network
 def test_the_layer_holds_what_pip_install_target_writes(lab, wheels, tmp_path):
     scheme = Scheme.of(lab)
     assert (scheme.site, scheme.scripts, scheme.interpreter) == (SITE, "/usr/local/bin", "/usr/bin/python3.12")
@@ -150,6 +152,7 @@ def test_the_layer_holds_what_pip_install_target_writes(lab, wheels, tmp_path):
            run_script(target / "bin" / "wheel", target) == "wheel 0.48.0"
 
 
+@pytest.mark.network
 def test_pip_install_prefix_records_the_script_where_the_image_does(lab, wheels, tmp_path):
     """pip --prefix (the pure wheel: pip takes no platform options there) lays out <prefix>/lib/pythonX.Y/
     site-packages and <prefix>/bin as the image does: its RECORD is ours but for INSTALLER and the script's
@@ -165,6 +168,7 @@ def test_pip_install_prefix_records_the_script_where_the_image_does(lab, wheels,
     assert "../../../bin/wheel" in strip(record(ours))
 
 
+@pytest.mark.network
 def test_a_sha256_the_index_does_not_list_is_refused_and_nothing_is_built(base, tmp_path):
     images = _images_copy(tmp_path, "94dabc13981fe89982a807572593c4f697a3a3bae02fa13cb469960885901247", "0" * 64)
     proc = _cli_build(images, base, tmp_path)
@@ -175,6 +179,7 @@ def test_a_sha256_the_index_does_not_list_is_refused_and_nothing_is_built(base, 
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
 
 
+@pytest.mark.network
 def test_a_tampered_wheel_is_refused_by_its_record(lab, wheels, base, tmp_path):
     real = wheels / lab.wheels["instanttensor"].files[PLATFORM][0]
     tampered = tmp_path / real.name
@@ -252,6 +257,7 @@ def expected_files(lab) -> dict[str, tuple[bytes, int]]:
     return {f.path.lstrip("/"): (f.data, f.mode) for f in extra_layer(lab).files}
 
 
+@pytest.mark.network
 def test_the_daemonless_layout_carries_the_wheel(lab, base, tmp_path):
     result = build(LAB, base=f"{base['layout']}:base", output=tmp_path / "out", cache=tmp_path / "cache",
                    revision="0" * 40, source_url="https://example.invalid/patchkit", epoch=1_700_000_000)
@@ -268,6 +274,7 @@ def test_the_daemonless_layout_carries_the_wheel(lab, base, tmp_path):
     assert not [p for p in top if "__pycache__/instanttensor" in p or p.endswith(".pyc") and "instanttensor" in p]
 
 
+@pytest.mark.network
 @pytest.mark.registry
 def test_the_engine_routes_carry_the_same_files(lab, base, registry_server, client, podman, tmp_path):
     """--load through podman (the base in the engine: layer.tar), and the --engine route's rendered context."""
@@ -294,6 +301,7 @@ def test_the_engine_routes_carry_the_same_files(lab, base, registry_server, clie
     assert found == expected
 
 
+@pytest.mark.network
 def test_the_wheel_path_names_the_images_extra_wheels_for_pip(wheels, tmp_path):
     """The patched vLLM wheel is vLLM alone: `patchkit wheel build` of an image's series says which pinned
     wheels its image carries beside it, and how pip installs them (vLLM 0.33.0's x86_64 wheel, cached)."""
@@ -312,3 +320,80 @@ def test_the_wheel_path_names_the_images_extra_wheels_for_pip(wheels, tmp_path):
     pip("--target", str(tmp_path / "pinned"), "--find-links", str(wheels), *PIP_TARGET, "--require-hashes",
         "-r", str(tmp_path / "requirements.txt"))
     assert (tmp_path / "pinned" / "instanttensor-0.2.2.dist-info" / "RECORD").is_file()
+
+
+# -- the serve contract: `serve-args VARIANT --load-format instanttensor` --------------------------------
+
+
+def serve_args(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "patchkit", "serve-args", *args, "--json"], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_serve_args_asks_for_instanttensor_only_where_the_image_carries_it(patchset):
+    images = load_images(REPO / "images", patchset)
+    variants = load_variants(REPO / "images")
+    assert {v.image for v in variants.values() if "instanttensor" in images[v.image].wheels} == \
+           {LAB, "glm53-flash-nvfp4-4p67"}
+    for name, variant in sorted(variants.items()):
+        assert "instanttensor" not in serve_command(variant).argv, "off by default"
+        proc = serve_args(name, "--load-format", "instanttensor")
+        if "instanttensor" in images[variant.image].wheels:
+            argv = json.loads(proc.stdout)["argv"]
+            assert proc.returncode == (0 if not variant.checkpoint.exclude_mtp_from_quant else 1), proc.stderr
+            assert [argv[i + 1] for i, a in enumerate(argv) if a == "--load-format"] == ["instanttensor"]
+        else:
+            assert proc.returncode == 2, proc.stdout
+            error = json.loads(proc.stdout)["error"]
+            assert error["exit_code"] == 2 and "argv" not in proc.stdout
+            assert f"imports the instanttensor package, which image {variant.image} does not carry" in error["message"]
+
+
+INSTANTTENSOR_X86_64 = {  # instanttensor 0.2.2 on pypi.org/simple (read with patchkit.sources.index), this machine's
+    (3, 11): ("instanttensor-0.2.2-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+              "78ba35382f42e81d18aa9ab59485ff1d1764c846de68bc5de8b894b37ee14996"),
+    (3, 12): ("instanttensor-0.2.2-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl",
+              "382954f2329fc085ff298ce0205a06ce0fc8c67a704fc032613931a5ae9018d5"),
+}
+
+
+@pytest.mark.vllm
+@pytest.mark.network
+def test_vllm_parses_the_command_and_its_loader_imports_the_package_patchkit_installed(stock_vllm, tmp_path):
+    """On CPU, as far as it goes without a GPU: vLLM's own serve parser takes the lab command with
+    `--load-format instanttensor`, its loader table maps it to the default loader, and its instanttensor
+    weights iterator imports the package patchkit installed (this machine's build of the same release: the
+    image's aarch64 cp312 one cannot load here) and stops only at its CUDA check; without it, ImportError."""
+    argv = list(serve_command(find_variant("lab", REPO / "images"), load_format="instanttensor").argv[2:])
+    filename, sha = INSTANTTENSOR_X86_64[sys.version_info[:2]]
+    pin = WheelPin("instanttensor", "0.2.2", {"linux/amd64": (filename, sha)}, why="this machine's")
+    site = tmp_path / "site"
+    scheme = Scheme(str(site), str(tmp_path / "bin"), str(tmp_path), str(tmp_path / "include"), sys.executable)
+    for f in install(fetch(pin, "linux/amd64"), pin, "linux/amd64", scheme).files:
+        Path(f.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(f.path).write_bytes(f.data)
+        os.chmod(f.path, f.mode)
+    code = f"""
+import json
+from vllm.config.load import LoadConfig
+from vllm.entrypoints.cli.serve import ServeSubcommand
+from vllm.model_executor.model_loader import get_model_loader
+from vllm.model_executor.model_loader.weight_utils import instanttensor_weights_iterator
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+ServeSubcommand().subparser_init(parser.add_subparsers())
+ns = parser.parse_args(["serve", *json.loads({json.dumps(json.dumps(argv))})])
+loader = type(get_model_loader(LoadConfig(load_format=ns.load_format))).__name__
+try:
+    next(instanttensor_weights_iterator([], False))
+    stopped = None
+except (ImportError, ValueError) as e:
+    stopped = [type(e).__name__, str(e)]
+print(json.dumps([ns.load_format, loader, stopped]))
+"""
+    env = {"VLLM_TARGET_DEVICE": "cpu"}
+    assert stock_vllm.run(code, env={**env, "PYTHONPATH": str(site)}, timeout=300) == \
+           ["instanttensor", "DefaultModelLoader", ["ValueError", "InstantTensor requires NVIDIA GPUs"]]
+    without = stock_vllm.run(code, env=env, timeout=300)
+    assert without[:2] == ["instanttensor", "DefaultModelLoader"] and without[2][0] == "ImportError"
+    assert "Please install instanttensor" in without[2][1]

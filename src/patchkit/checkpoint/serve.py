@@ -79,9 +79,11 @@ class ServeCommand:
 
 
 def serve_command(
-    variant: Variant, checkpoint: VerifiedCheckpoint | None = None, model: str | None = None
+    variant: Variant, checkpoint: VerifiedCheckpoint | None = None, model: str | None = None,
+    load_format: str | None = None,
 ) -> ServeCommand:
-    """The command line for `variant`; pass a VerifiedCheckpoint to derive the MTP exclusion."""
+    """The command line for `variant`; pass a VerifiedCheckpoint to derive the MTP exclusion. `load_format`
+    replaces the variant's loader (the caller checks the image carries what it imports: images.extras)."""
     s = variant.serve
     ckpt = variant.checkpoint
     argv: list[str] = ["vllm", "serve", model or ckpt.repo]
@@ -96,8 +98,8 @@ def serve_command(
         "--kv-cache-memory-bytes", str(s.kv_cache_memory_bytes),
         "--kv-cache-dtype", s.kv_cache_dtype,
     ]
-    if s.load_format:
-        argv += ["--load-format", s.load_format]
+    if load_format or s.load_format:
+        argv += ["--load-format", load_format or s.load_format]
     if s.speculative is not None:
         argv += ["--speculative-config", s.speculative.to_json()]
     argv += list(s.args)
@@ -127,9 +129,10 @@ def serve_args(
     pin_config: str | None = None,
     pin_index: str | None = None,
     model: str | None = None,
+    load_format: str | None = None,
 ) -> ServeCommand:
     """The CLI entry: verify the checkpoint's identity first (fail closed), then build the command."""
     verified = None
     if checkpoint_dir is not None:
         verified = verify_identity(checkpoint_dir, resolve_pins(variant, pin_config, pin_index))
-    return serve_command(variant, verified, model)
+    return serve_command(variant, verified, model, load_format)

@@ -50,20 +50,38 @@ def preflight(path, variant, tp, pin_config, pin_index, as_json):
     sys.exit(0 if report_.ok else 1)
 
 
+LOAD_FORMATS = ("auto", "safetensors", "instanttensor")
+
+
+def check_loader(variant, load_format: str | None, images_dir: Path) -> None:
+    """The loader served (the option's, else the variant's) must find its package in the variant's image."""
+    from patchkit.cli.options import patches_home
+    from patchkit.images.definitions import load_image
+    from patchkit.images.extras import LOAD_FORMAT_PACKAGES, check_load_format
+    from patchkit.patching.patchset import load_patchset
+
+    wanted = load_format or variant.serve.load_format
+    if wanted in LOAD_FORMAT_PACKAGES:
+        check_load_format(load_image(images_dir, variant.image, load_patchset(patches_home())), wanted)
+
+
 @click.command("serve-args")
 @click.argument("variant")
 @click.option("--checkpoint", type=click.Path(path_type=Path, exists=True, file_okay=False),
               help="Local checkpoint: verified, then used to derive overrides such as the MTP ignore list.")
 @click.option("--model", help="Model reference to serve (default: the variant's repo).")
+@click.option("--load-format", type=click.Choice(LOAD_FORMATS), help="vLLM's weight loader instead of the "
+              "variant's (off by default); instanttensor needs an image that pins it ([wheels.instanttensor]).")
 @with_pins
 @json_option
-def serve_args_cmd(variant, checkpoint, model, pin_config, pin_index, as_json):
+def serve_args_cmd(variant, checkpoint, model, load_format, pin_config, pin_index, as_json):
     """The vLLM command line (and environment) for VARIANT; overrides only from a verified checkpoint."""
     from patchkit.variants.definitions import find_variant
     from patchkit.checkpoint.serve import serve_args
 
-    command = serve_args(find_variant(variant, images_home()), checkpoint,
-                         pin_config, pin_index, model)
+    chosen = find_variant(variant, images_home())
+    check_loader(chosen, load_format, images_home())
+    command = serve_args(chosen, checkpoint, pin_config, pin_index, model, load_format)
     click.echo(command.to_json() if as_json else command.shell())
     if not command.complete:
         err_console.print(f"[yellow]incomplete: {'; '.join(command.pending)}[/]")

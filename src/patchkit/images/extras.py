@@ -59,6 +59,22 @@ FILE_MODE, EXECUTABLE_MODE, DIR_MODE = 0o644, 0o755, 0o755   # pip's, under umas
 _SITE = re.compile(r"^(?P<prefix>/.+)/lib/python(?P<version>3\.\d+)/(?P<kind>site|dist)-packages$")
 
 
+# vLLM --load-format values whose loader imports a package a base need not have (weight_utils'
+# instanttensor_weights_iterator: `import instanttensor`, else ImportError at weight load, minutes into a boot).
+LOAD_FORMAT_PACKAGES = {"instanttensor": "instanttensor"}
+
+
+def check_load_format(image: Image, load_format: str | None) -> None:
+    """Refuse a loader whose package the image does not carry among its pinned wheels (exit 2)."""
+    package = LOAD_FORMAT_PACKAGES.get(load_format or "")
+    if package is not None and package not in image.wheels:
+        carried = ", ".join(sorted(image.wheels)) or "none"
+        raise PatchkitError(f"--load-format {load_format} imports the {package} package, which image {image.name} "
+                            f"does not carry (its pinned wheels: {carried}): serve a variant whose image pins "
+                            f"[wheels.{package}], add it to images/{image.name}/image.toml, or leave the loader "
+                            "at its default")
+
+
 class WheelPinMismatch(PatchkitError):
     """The index or the bytes on disk are not the file the image definition pins (exit 2)."""
 

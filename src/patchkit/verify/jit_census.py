@@ -163,7 +163,7 @@ def _store(key: str, record: dict) -> None:
 def _compile(unit: Unit, kernels: list[Kernel], archive: Path, nvcc: str, torch, what: str) -> dict:
     """Lay out the sdist members the unit reads and compile them."""
     with tempfile.TemporaryDirectory(prefix="patchkit-jit-") as tmp:
-        return compile_tree(unit, kernels, _materialise(archive, unit.members, Path(tmp) / "src"), nvcc, torch, what)
+        return compile_tree(unit, kernels, materialise(archive, unit.members, Path(tmp) / "src"), nvcc, torch, what)
 
 
 def compile_tree(unit: Unit, kernels: list[Kernel], top: Path, nvcc: str, torch, what: str) -> dict:
@@ -199,7 +199,7 @@ def compile_tree(unit: Unit, kernels: list[Kernel], top: Path, nvcc: str, torch,
         return {"ptxas": text, "budget": budget, "host": host_text}
 
 
-def _materialise(archive: Path, members: tuple[str, ...], out: Path) -> Path:
+def materialise(archive: Path, members: tuple[str, ...], out: Path) -> Path:
     """The sdist's regular files under `members` (relative to its top directory) written below `out`, read
     through patchkit's archive reader (names checked, within the member limit); returns the top directory."""
     reader = TarGzArchive(archive, keep=lambda name: False)

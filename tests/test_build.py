@@ -22,10 +22,19 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
+
 import registry as reg_helpers
 from bases import CU130
 from bases import version_py as scm_version_py
-from packaging.version import Version
+from patchkit.errors import PatchFailed, PatchkitError
+from patchkit.images.build import build
+from patchkit.images.definitions import ARCH_ENV, load_image
+from patchkit.images.engine import BYTECODE_STUB, build_with_engine, render_context
+from patchkit.images.prepare import prepare
+from patchkit.oci.media import OCI_LAYER_GZIP, OCI_MANIFEST
+from patchkit.patching.patchset import load_patchset
+from patchkit.patching.series import series_hash
 from registry import (  # noqa: F401
     flatten,
     free_port,
@@ -39,15 +48,6 @@ from registry import (  # noqa: F401
     registry_server,
     vllm_sdist,
 )
-
-from patchkit.errors import PatchFailed, PatchkitError
-from patchkit.images.build import build
-from patchkit.images.definitions import ARCH_ENV, load_image
-from patchkit.images.engine import BYTECODE_STUB, build_with_engine, render_context
-from patchkit.images.prepare import prepare
-from patchkit.oci.media import OCI_LAYER_GZIP, OCI_MANIFEST
-from patchkit.patching.patchset import load_patchset
-from patchkit.patching.series import series_hash
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = sorted(p.parent.name for p in (ROOT / "images").glob("*/image.toml"))

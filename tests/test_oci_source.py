@@ -1,7 +1,6 @@
 """ImageLayersSource: the merged view of a base image's layers, read without unpacking the image."""
 
 import pytest
-from registry import raw_layer, small_layout, tar_gz
 
 from patchkit.errors import PatchkitError
 from patchkit.oci.base import open_base
@@ -9,6 +8,7 @@ from patchkit.oci.media import Platform
 from patchkit.oci.source import ImageLayersSource, PackageRoot
 from patchkit.oci.verified import BlobMismatch
 from patchkit.untrusted import InputTooLarge
+from registry import raw_layer, small_layout, tar_gz
 
 SITE = "usr/lib/python3.12/site-packages"
 ARM64 = Platform.parse("linux/arm64")

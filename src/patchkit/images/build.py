@@ -96,12 +96,12 @@ def build(image_name: str, *, base: str | None = None, output: Path | str | None
             progress.note(f"route: local engine (base {local.image_id[:19]} is in the engine; only the patched "
                           "files move)")
             files = FileCache(cache / "files" if cache else default_cache_root() / "files")
-            prepared = prepare_local(image, patchset, client, local, explicit=base is not None, cache=files)
-            source = prepared.source
+            on_engine = prepare_local(image, patchset, client, local, explicit=base is not None, cache=files)
+            source = on_engine.source
             progress.note(f"read the base's files: {source.requests} from the engine ({source.received} bytes), "
                           "the rest from the cache of this base" if source.requests else
                           "read the base's files from the cache of this base (the engine was asked for none)")
-            loaded = build_local(prepared, client, push=push, epoch=epoch, revision=revision,
+            loaded = build_local(on_engine, client, push=push, epoch=epoch, revision=revision,
                                  source_url=source_url, progress=progress)
             progress.note(f"loaded {loaded.local_tag} ({loaded.image_id[:19]}; {loaded.transferred} bytes "
                           "moved to and from the engine)")

@@ -25,8 +25,16 @@ from dataclasses import dataclass, field
 
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
-from patchkit.images.engine import (BYTECODE_STUB, EngineError, dockerfile, engine_build, engine_push, engine_step,
-                                    explain, tags_for)
+from patchkit.images.engine import (
+    BYTECODE_STUB,
+    EngineError,
+    dockerfile,
+    engine_build,
+    engine_push,
+    engine_step,
+    explain,
+    tags_for,
+)
 from patchkit.images.engine_files import ContainerSource, LocalBase
 from patchkit.images.labels import describe_image
 from patchkit.images.prepare import Prepared, is_own_base, package_roots, plan_on

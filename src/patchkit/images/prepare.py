@@ -20,11 +20,11 @@ from patchkit.images.definitions import Image
 from patchkit.images.extras import NO_EXTRAS, ExtraLayer, extra_layer
 from patchkit.oci.base import Base, BaseImage, open_base
 from patchkit.oci.layer import Entry, normalize
-from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.media import Platform
+from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.source import ImageLayersSource, PackageRoot
 from patchkit.patching.carry import carry
-from patchkit.patching.patchset import Patch, PatchSet
+from patchkit.patching.patchset import Edit, Patch, PatchSet, Probe
 from patchkit.patching.planner import FileChange, Plan, plan
 from patchkit.sources.base import ImageFiles
 from patchkit.sources.cache import default_cache_root
@@ -83,9 +83,10 @@ def package_roots(image: Image, patches: list[Patch], own: bool) -> list[Package
             for p in image.packages.values() if p.name in touched]
 
 
-def wanted_files(patches: list[Patch]):
-    return ((e.package, c) for p in patches for e in [*p.edits, *([p.upstreamed] if p.upstreamed else [])]
-            for c in e.candidates)
+def wanted_files(patches: list[Patch]) -> list[tuple[str, str]]:
+    targets: list[Edit | Probe] = [e for p in patches for e in p.edits]
+    targets += [p.upstreamed for p in patches if p.upstreamed]
+    return [(t.package, c) for t in targets for c in t.candidates]
 
 
 def prepare(image: Image, patchset: PatchSet, *, base: str | None = None, cache: Path | None = None,
@@ -131,7 +132,9 @@ def plan_on(image: Image, patchset: PatchSet, base_image: BaseT, source: FilesT,
 
 def layer_contents(source: ImageFiles, changes: list[FileChange], *, dirs: bool = True):
     """(patched files, their parent directories with the base's metadata, stale bytecode paths)."""
-    files, stale, dir_paths = [], set(), set()
+    files: list[PatchedFile] = []
+    stale: set[str] = set()
+    dir_paths: set[str] = set()
     for change in changes:
         path = source.image_path(change.package, change.path)
         meta = source.meta(path)

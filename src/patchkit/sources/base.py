@@ -61,6 +61,11 @@ class SourceDefaults:
     """The answers of a source that reads one file at a time, holds nothing beside its packages and cannot
     list them; a source inherits these and overrides what it does better."""
 
+    description: str
+
+    def versions(self) -> dict[str, str]:
+        raise NotImplementedError
+
     def read(self, package: str, path: str) -> bytes | None:
         raise NotImplementedError
 

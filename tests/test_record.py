@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 from hostile import assert_refused, run_patchkit
 
-from patchkit.errors import PatchFailed
 from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
-from patchkit.patching.record import record, write_recording
+from patchkit.patching.record import Unrecordable, record, write_recording
 from patchkit.sources import DirectorySource, open_source
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,8 +102,10 @@ def test_long_text_goes_to_a_file_beside_patch_toml(tmp_path, stock_files):
 def test_an_assert_only_patch_has_nothing_to_record(tmp_path, stock_files):
     original, edited = series_trees(tmp_path, stock_files, "kda-fp32-taps", {})
     patch = load_patchset(REPO / "patches").patch("kda-fp32-taps")
-    with pytest.raises(PatchFailed, match="nothing to record"):
+    with pytest.raises(Unrecordable) as info:
         record(patch, original, edited)
+    assert (info.value.path, info.value.problem) == (str(edited), "nothing")
+    assert info.value.exit_code == 1
 
 
 def test_record_cli_refuses_what_an_anchor_cannot_say(tmp_path, stock_files):

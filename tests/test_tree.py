@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transactions import Faults
 
-from patchkit.errors import PatchkitError
 from patchkit.patching import planner, tree
+from patchkit.patching.fsops import FilesystemError
 from patchkit.patching.patchset import load_patchset
 from patchkit.sources.directory import DirectorySource
 
@@ -50,8 +50,9 @@ def test_disk_full_at_any_step_leaves_every_file_old_or_every_file_new(tmp_path,
     writes = planned_writes(root, patchset)
     after = patched(root, writes)
     with Faults(at=fail_at, error=errno.ENOSPC) as faults:
-        with pytest.raises(PatchkitError, match=r"No space left on device \(injected\)"):
+        with pytest.raises(FilesystemError) as info:
             tree.write_changes(root, writes)
+    assert info.value.errno == errno.ENOSPC and info.value.reason == "No space left on device (injected)"
     assert faults.count >= fail_at
     tree.recover(root)
     assert snapshot(root) in (before, after)
@@ -128,8 +129,10 @@ def test_file_changed_after_planning_is_not_overwritten(tmp_path):
     writes = planned_writes(root, patchset)
     writes[2][0].write_text("someone else\n")
     before = snapshot(root)
-    with pytest.raises(Exception, match="changed since it was read"):
+    with pytest.raises(tree.ChangedSinceRead) as info:
         tree.write_changes(root, writes)
+    assert info.value.path == str(writes[2][0])
+    assert str(info.value).startswith(f"{writes[2][0]} changed since it was read; nothing written, run again")
     assert snapshot(root) == before
 
 

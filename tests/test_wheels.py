@@ -30,8 +30,9 @@ from click.testing import CliRunner
 from patchkit import __version__
 from patchkit.cli.main import main
 from patchkit.cli.wheel import wheel_group
-from patchkit.errors import PatchFailed, PatchkitError
 from patchkit.patching import planner
+from patchkit.patching.carry import ChangesNothing
+from patchkit.patching.planner import Mode, PlanFailed, State
 from patchkit.patching.patchset import load_patchset
 from patchkit.patching.series import series_hash
 from patchkit.sources.wheel import WheelSource
@@ -147,8 +148,9 @@ def test_a_series_that_does_not_apply_writes_no_wheel(release, tmp_path):
     assert toml.read_text().count(anchor) == 1
     toml.write_text(toml.read_text().replace(anchor, anchor.replace("candidates", "names")))  # upstream drifted
     out = tmp_path / "out"
-    with pytest.raises(PatchFailed, match="modelopt-mtp-namespace"):
+    with pytest.raises(PlanFailed) as info:
         build_wheel(release, load_patchset(patches).series(), "full", out)
+    assert info.value.failed == {"modelopt-mtp-namespace": State.BROKEN} and info.value.mode == Mode.APPLY
     assert not out.exists()  # not even the folder: the plan fails before anything is written
     result = CliRunner().invoke(main, ["wheel", "build", "--series", "full", "--platform", "x86_64",
                                        "--patches", str(patches), "--output", str(out)])
@@ -191,10 +193,11 @@ def test_a_patch_out_of_range_is_left_out_of_the_wheel(release, built, tmp_path)
 def test_a_release_outside_every_range_builds_no_wheel(release, tmp_path):
     patches = narrowed(tmp_path, {p.id: ">=0.30.0,<0.33" for p in load_patchset(REPO / "patches").series()})
     out = tmp_path / "out"
-    with pytest.raises(PatchkitError) as info:
+    with pytest.raises(ChangesNothing) as info:
         build_wheel(release, load_patchset(patches).series(), "full", out)
-    assert not isinstance(info.value, PatchFailed)
-    assert f"series full changes nothing in {release.name}" in str(info.value)
+    assert (info.value.artifact, info.value.where, info.value.exit_code) == ("series full", release.name, 2)
+    assert set(info.value.states.values()) == {State.OUT_OF_RANGE}
+    assert f"series full changes nothing in {release.name} (" in str(info.value)
     assert "modelopt-mtp-namespace: out-of-range" in str(info.value)
     assert not out.exists()
 

@@ -23,6 +23,18 @@ from patchkit.untrusted import read_file
 
 T = TypeVar("T")
 
+
+class InvalidDefinition(PatchkitError):
+    """A definition file (patch.toml, series.toml, image.toml, variant.toml) refused (exit 2). `path` is the
+    file; `at` the place in it as a reader finds it ("[[edit]] #1, key 'anchor'", "top level"), None when
+    the file as a whole does not read; `problem` the kind of failure (for the schema: "syntax", "encoding",
+    "nesting", "unknown-key", "missing-key", "value"; the subsystem owning the file adds its own); `detail`
+    what was expected and what was found."""
+
+    def __init__(self, path: Path | str, at: str | None, problem: str, detail: str):
+        self.path, self.at, self.problem, self.detail = str(path), at, problem, detail
+        super().__init__(f"{path}: {at}: {detail}" if at else f"{path}: {detail}")
+
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `(?P<path>\$[^`]*)`)?$", re.S)
 _STEP = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[['\"]([^'\"]+)['\"]\]")
 
@@ -57,7 +69,7 @@ def where(path: str, is_table: bool = False) -> str:
 
 
 def decode(data: bytes, schema: type[T], path: Path | str) -> T:
-    """Decode TOML bytes into `schema`; every failure is a PatchkitError naming file, table and key."""
+    """Decode TOML bytes into `schema`; every failure is an InvalidDefinition naming file, table and key."""
     try:
         return msgspec.toml.decode(data, type=schema)
     except msgspec.ValidationError as exc:
@@ -66,17 +78,19 @@ def decode(data: bytes, schema: type[T], path: Path | str) -> T:
         what = m.group("what")[0].lower() + m.group("what")[1:]
         what = what.replace("object contains unknown field", "unknown key").replace(
             "object missing required field", "missing required key")
-        place = where(at, is_table=what.startswith(("unknown key", "missing required key")))
+        problem = "unknown-key" if what.startswith("unknown key") else (
+            "missing-key" if what.startswith("missing required key") else "value")
+        place = where(at, is_table=problem != "value")
         choices = _choices(schema, at)
         if choices:
             what += f"; expected one of {', '.join(map(repr, choices))}"
-        raise PatchkitError(f"{path}: {place}: {what}") from None
+        raise InvalidDefinition(path, place, problem, what) from None
     except msgspec.DecodeError as exc:
-        raise PatchkitError(f"{path}: malformed TOML: {exc}") from None
+        raise InvalidDefinition(path, None, "syntax", f"malformed TOML: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise PatchkitError(f"{path}: not UTF-8: {exc}") from None
+        raise InvalidDefinition(path, None, "encoding", f"not UTF-8: {exc}") from None
     except RecursionError:  # arrays or inline tables nested past the parser's stack: no definition is
-        raise PatchkitError(f"{path}: malformed TOML: nested too deeply to be a definition file") from None
+        raise InvalidDefinition(path, None, "nesting", "malformed TOML: nested too deeply to be a definition file") from None
 
 
 def _name_free_key(data: bytes | str, schema: type, path: str) -> str:

@@ -30,6 +30,18 @@ from patchkit.errors import PatchkitError
 from patchkit.patching.patchset import Patch
 from patchkit.patching.planner import ERROR_STATES, PatchResult, Plan, State
 
+
+class ChangesNothing(PatchkitError):
+    """An artifact whose plan changes no file: it would be the release under a new name (exit 2).
+    `artifact` names it ("image NAME", "series NAME"), `where` the source it is built from, `states`
+    each patch's State there."""
+
+    def __init__(self, artifact: str, where: str, states: dict[str, State]):
+        self.artifact, self.where, self.states = artifact, where, states
+        listed = ", ".join(f"{patch}: {state}" for patch, state in states.items())
+        super().__init__(f"{artifact} changes nothing in {where} ({listed}): nothing to build")
+
+
 CARRIED = frozenset({State.NOT_APPLIED, State.APPLIED})
 LEFT_OUT = frozenset({State.UPSTREAMED, State.NOT_APPLICABLE, State.OUT_OF_RANGE})
 # Every state has its one place: a state added to the planner must be given one here first.
@@ -50,11 +62,10 @@ class Carry:
 
 def carry(plan: Plan, artifact: str, where: str) -> Carry:
     """What `artifact` ("image NAME", "series NAME") built from `plan` on `where` carries. PatchFailed when
-    a patch is broken, partial or modified; PatchkitError when the artifact would change nothing."""
+    a patch is broken, partial or modified (PlanFailed); ChangesNothing when the artifact would change nothing."""
     plan.raise_for_errors()
     if not plan.changes:
-        states = ", ".join(f"{r.patch.id}: {r.state}" for r in plan.results)
-        raise PatchkitError(f"{artifact} changes nothing in {where} ({states}): nothing to build")
+        raise ChangesNothing(artifact, where, {r.patch.id: r.state for r in plan.results})
     return Carry([r for r in plan.results if r.state in CARRIED], [r for r in plan.results if r.state in LEFT_OUT])
 
 

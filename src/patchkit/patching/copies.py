@@ -22,6 +22,14 @@ from patchkit.patching.tree import write_plan
 from patchkit.sources.directory import DirectorySource
 
 
+class NotInstalled(PatchkitError):
+    """A package the interpreter does not import (exit 2): `package`, and `python` the interpreter asked."""
+
+    def __init__(self, package: str, python: str):
+        self.package, self.python = package, python
+        super().__init__(f"{package} is not installed for {python}")
+
+
 def installed_package(package: str, python: str | None = None) -> Path:
     """Where `python` (default: this interpreter) imports `package` from."""
     if python in (None, sys.executable):
@@ -33,7 +41,7 @@ def installed_package(package: str, python: str | None = None) -> Path:
         out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=False)
         locations = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else []
     if not locations:
-        raise PatchkitError(f"{package} is not installed for {python or sys.executable}")
+        raise NotInstalled(package, python or sys.executable)
     return Path(locations[0])
 
 

@@ -5,7 +5,7 @@ file anywhere below the target stops the run before it writes (the target itself
 and may be reached through a link). Every mutating step and every fsync goes through `_step`, the one
 seam the tests use to count the steps of apply, revert and recovery and to inject a crash or an I/O
 error at the k-th (tests/test_transactions_faults.py). OSErrors leave this module as `FilesystemError`
-naming the path, so the command line reports them as exit 2.
+naming the path, and a file or directory of the wrong kind as `WrongFileKind`: both exit 2.
 """
 
 from __future__ import annotations
@@ -30,7 +30,23 @@ _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link", stat.S_I
 
 
 class FilesystemError(PatchkitError):
-    """An operation on the target failed (permissions, full or read-only disk, wrong kind of file)."""
+    """An operation on the target failed (permissions, full or read-only disk) (exit 2): `operation` what
+    patchkit could not do ("read", "create", "replace", "lock"...), `path` on what, `reason` why (the
+    system's words), `errno` the system's error number (None when patchkit itself refused)."""
+
+    def __init__(self, operation: str, path: str, reason: str, errno: int | None = None):
+        self.operation, self.path, self.reason, self.errno = operation, path, reason, errno
+        super().__init__(f"cannot {operation} {path}: {reason}")
+
+
+class WrongFileKind(PatchkitError):
+    """A path in the target that is not the kind of file patchkit reads or writes there (exit 2): `path`,
+    `found` what it is ("a symbolic link", "a FIFO", "missing"...), `expected` what it must be ("a
+    directory", "a regular file"), `why` what patchkit does about it ("" when the two say enough)."""
+
+    def __init__(self, path: str, found: str, expected: str, why: str = ""):
+        self.path, self.found, self.expected, self.why = path, found, expected, why
+        super().__init__(f"{path} is {found}, not {expected}" + (f": {why}" if why else ""))
 
 
 def kind(mode: int) -> str:
@@ -46,7 +62,7 @@ def _fail(what: str, where: str, error: OSError) -> FilesystemError:
     reason = error.strerror or str(error)
     if error.errno == errno.ELOOP:
         reason = "it is a symbolic link (or a loop of them); patchkit never writes through one"
-    return FilesystemError(f"cannot {what} {where}: {reason}")
+    return FilesystemError(what, where, reason, error.errno)
 
 
 class Dir:
@@ -84,8 +100,8 @@ def open_dir(parent: Dir, name: str) -> Dir:
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             found = lstat(parent, name)
-            raise FilesystemError(f"{where} is {kind(found.st_mode) if found else 'missing'}, not a directory: "
-                                  "patchkit never follows a symbolic link inside the target") from None
+            raise WrongFileKind(where, kind(found.st_mode) if found else "missing", "a directory",
+                                "patchkit never follows a symbolic link inside the target") from None
         raise _fail("open", where, e) from None
 
 
@@ -123,9 +139,9 @@ def read_file(d: Dir, name: str, *, limit: int | None = None) -> tuple[bytes, in
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise FilesystemError(f"{where} is {kind(st.st_mode)}, not a regular file")
+            raise WrongFileKind(where, kind(st.st_mode), "a regular file")
         if limit is not None and st.st_size > limit:
-            raise FilesystemError(f"{where} is {st.st_size} bytes, more than patchkit ever writes there ({limit})")
+            raise FilesystemError("read", where, f"it is {st.st_size} bytes, more than patchkit ever writes there ({limit})")
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)

@@ -41,7 +41,16 @@ _SHA = re.compile(r"[0-9a-f]{64}")
 
 
 class JournalError(PatchkitError):
-    """The journal cannot be trusted or finished; it is left exactly as found."""
+    """The journal cannot be trusted or finished; it is left exactly as found (exit 2). `where` the
+    journal file, directory or target file concerned (None for a path the journal names), `problem` one
+    of "invalid-path", "not-json", "format", "entry", "twice" (a file named twice), "appeared" (another
+    program made a journal), "new-copy" (a new copy without the committed bytes), "changed" (a file
+    neither old nor new), "not-directory", "strange" (names patchkit never writes), "not-file",
+    "commit-mismatch", "leftover" (a new copy no journal names); `detail` what was expected and found."""
+
+    def __init__(self, where: str | None, problem: str, detail: str):
+        self.where, self.problem, self.detail = where, problem, detail
+        super().__init__(f"{where}: {detail}" if where else detail)
 
 
 def sha256(data: bytes) -> str:
@@ -83,12 +92,12 @@ class Recovery:
 def confined(path: object) -> str:
     """`path` if it is a plain relative path inside the target, else a JournalError."""
     if not isinstance(path, str) or not path or len(path) > 4096 or "\0" in path or "\\" in path:
-        raise JournalError(f"journal names an invalid path {path!r}")
+        raise JournalError(None, "invalid-path", f"journal names an invalid path {path!r}")
     parts = path.split("/")
     if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise JournalError(f"journal names {path!r}, which is not a plain path inside the target")
+        raise JournalError(None, "invalid-path", f"journal names {path!r}, which is not a plain path inside the target")
     if parts[0] == JOURNAL_DIR:
-        raise JournalError(f"journal names {path!r}, inside the journal itself")
+        raise JournalError(None, "invalid-path", f"journal names {path!r}, inside the journal itself")
     return path
 
 
@@ -101,28 +110,28 @@ def decode_intent(data: bytes, where: str) -> list[Entry]:
     try:
         document = json.loads(data)
     except (ValueError, RecursionError) as e:
-        raise JournalError(f"{where} is not valid JSON ({type(e).__name__})") from None
+        raise JournalError(where, "not-json", f"not valid JSON ({type(e).__name__})") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT or not isinstance(document.get("files"), list):
-        raise JournalError(f"{where} is not a patchkit journal of format {FORMAT}")
+        raise JournalError(where, "format", f"not a patchkit journal of format {FORMAT}")
     entries = []
     for item in document["files"]:
         if not isinstance(item, dict) or set(item) != {"path", "old", "new", "mode"}:
-            raise JournalError(f"{where}: malformed entry {str(item)[:200]!r}")
+            raise JournalError(where, "entry", f"malformed entry {str(item)[:200]!r}")
         old, new, mode = item["old"], item["new"], item["mode"]
         if not all(isinstance(h, str) and _SHA.fullmatch(h) for h in (old, new)):
-            raise JournalError(f"{where}: entry for {item['path']!r} has no valid sha256 values")
+            raise JournalError(where, "entry", f"entry for {item['path']!r} has no valid sha256 values")
         if type(mode) is not int or not 0 <= mode <= 0o7777:
-            raise JournalError(f"{where}: entry for {item['path']!r} has an invalid mode")
+            raise JournalError(where, "entry", f"entry for {item['path']!r} has an invalid mode")
         entries.append(Entry(confined(item["path"]), old, new, mode))
     if len({e.path for e in entries}) != len(entries):
-        raise JournalError(f"{where} names a file twice")
+        raise JournalError(where, "twice", "names a file twice")
     return entries
 
 
 def begin(root: Dir, entries: list[Entry]) -> tuple[Dir, bytes]:
     """Steps 1: the journal directory and a durable intent. Returns the open journal and its intent."""
     if fsops.lstat(root, JOURNAL_DIR) is not None:
-        raise JournalError(f"{root.at(JOURNAL_DIR)} appeared during this run: another program is writing here")
+        raise JournalError(root.at(JOURNAL_DIR), "appeared", "appeared during this run: another program is writing here")
     intent = encode_intent(entries)
     fsops.mkdir(root, JOURNAL_DIR)
     journal = fsops.open_dir(root, JOURNAL_DIR)
@@ -156,13 +165,13 @@ def roll_forward(root: Dir, entries: list[Entry]) -> list[str]:
             elif digest == entry.old:
                 data, _ = fsops.read_file(parent, entry.new_copy)
                 if sha256(data) != entry.new:
-                    raise JournalError(f"{parent.at(entry.new_copy)} does not hold the bytes the journal "
-                                       "committed; the journal is kept for inspection")
+                    raise JournalError(parent.at(entry.new_copy), "new-copy", "does not hold the bytes the "
+                                       "journal committed; the journal is kept for inspection")
                 fsops.rename(parent, entry.new_copy, name)
                 done.append(entry.path)
             else:
                 raise JournalError(
-                    f"{parent.at(name)} is neither its pre-run nor its committed content (sha256 {digest}): "
+                    parent.at(name), "changed", f"neither its pre-run nor its committed content (sha256 {digest}): "
                     "someone else changed it; the journal is kept for inspection")
             drop_stale_bytecode(parent, name)
             fsops.fsync_dir(parent)
@@ -198,18 +207,18 @@ def recover(root: Dir) -> Recovery | None:
         return None
     where = root.at(JOURNAL_DIR)
     if not stat.S_ISDIR(found.st_mode):
-        raise JournalError(f"{where} is {fsops.kind(found.st_mode)}, not the directory patchkit makes: refusing "
-                           "to read or remove it (patchkit never follows a link); inspect it and remove it by hand")
+        raise JournalError(where, "not-directory", f"is {fsops.kind(found.st_mode)}, not the directory patchkit makes: "
+                           "refusing to read or remove it (patchkit never follows a link); inspect it and remove it by hand")
     with fsops.open_dir(root, JOURNAL_DIR) as journal:
         names = set(fsops.listdir(journal))
         strange = sorted(names - KNOWN)
         if strange:
-            raise JournalError(f"{where} holds {', '.join(strange)}, which patchkit never writes: "
+            raise JournalError(where, "strange", f"holds {', '.join(strange)}, which patchkit never writes: "
                                "inspect it and remove it by hand")
         for name in names:
             st = fsops.lstat(journal, name)
             if st is not None and not stat.S_ISREG(st.st_mode):
-                raise JournalError(f"{journal.at(name)} is {fsops.kind(st.st_mode)}, not a journal file")
+                raise JournalError(journal.at(name), "not-file", f"is {fsops.kind(st.st_mode)}, not a journal file")
         entries: list[Entry] = []
         if INTENT in names:
             intent, _ = fsops.read_file(journal, INTENT, limit=MAX_INTENT)
@@ -217,7 +226,7 @@ def recover(root: Dir) -> Recovery | None:
         if COMMIT in names and INTENT in names:
             record, _ = fsops.read_file(journal, COMMIT, limit=64)
             if record.decode("ascii", "replace") != sha256(intent):
-                raise JournalError(f"{journal.at(COMMIT)} does not belong to {journal.at(INTENT)}; "
+                raise JournalError(journal.at(COMMIT), "commit-mismatch", f"does not belong to {journal.at(INTENT)}; "
                                    "the journal is kept for inspection")
             rolled = roll_forward(root, entries)
             finish(root, journal)

@@ -13,14 +13,21 @@ import os
 import time
 
 from patchkit.errors import PatchkitError
-from patchkit.patching.fsops import Dir
+from patchkit.patching.fsops import Dir, FilesystemError
 
 DEFAULT_WAIT = 60.0  # seconds: a full-series apply on a slow disk takes a few
 POLL = 0.05
 
 
 class Locked(PatchkitError):
-    """Another run holds the target for longer than this run would wait (exit 2)."""
+    """Another run holds the target for longer than this run would wait (exit 2): `path` the target,
+    `holder` the pid holding the lock (None when this system does not show it), `waited` seconds."""
+
+    def __init__(self, path: str, holder: int | None, waited: float):
+        self.path, self.holder, self.waited = path, holder, waited
+        who = f"pid {holder}" if holder else "a process whose pid this system does not show"
+        super().__init__(f"{path} is locked by another patchkit run ({who}); waited {waited:g} s. "
+                         "Try again when it has finished (or give --wait SECONDS)")
 
 
 def acquire(root: Dir, wait: float = DEFAULT_WAIT) -> None:
@@ -31,15 +38,10 @@ def acquire(root: Dir, wait: float = DEFAULT_WAIT) -> None:
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                holder = holder_pid(root)
-                who = f"pid {holder}" if holder else "a process whose pid this system does not show"
-                raise Locked(
-                    f"{root.path} is locked by another patchkit run ({who}); waited {wait:g} s. "
-                    "Try again when it has finished (or give --wait SECONDS)"
-                ) from None
+                raise Locked(root.path, holder_pid(root), wait) from None
             time.sleep(POLL)
         except OSError as e:
-            raise PatchkitError(f"cannot lock {root.path}: {e.strerror}") from None
+            raise FilesystemError("lock", root.path, e.strerror or str(e), e.errno) from None
 
 
 def holder_pid(root: Dir) -> int | None:

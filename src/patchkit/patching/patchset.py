@@ -2,7 +2,8 @@
 
 Everything downstream trusts these dataclasses. Types and keys are checked by the schema (schema.py,
 through patchkit.tomlschema); the rules between fields live here. The format is in docs/DESIGN.md.
-Errors name the file, the table and the key.
+Errors name the file, the table and the key: InvalidPatchFile for a patch.toml, InvalidSeries and
+UnknownPatch for a series.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from patchkit import tomlschema
 from patchkit.errors import PatchkitError
+from patchkit.tomlschema import InvalidDefinition
 from patchkit.untrusted import read_file
 from patchkit.patching.schema import (
     EditTable,
@@ -30,6 +32,48 @@ from patchkit.sources.base import DISTRIBUTIONS
 
 SERIES_FILE = "series.toml"
 DEFAULT_PACKAGE = "vllm"
+
+
+class InvalidPatchFile(InvalidDefinition):
+    """A patch.toml (or a text file beside it) that reads as its schema but breaks a rule between fields
+    (exit 2). As for any definition: `path` the patch.toml, `at` the table and key ("[[edit]] #2",
+    "[packages], key 'torch'"; None for the file as a whole), `detail` what was expected and found;
+    `problem` one of "folder-name" (id is not its folder's name), "unknown-package", "no-edit",
+    "no-range" (a package without a version range), "version-range" (not PEP 440), "assert-text" (an
+    assert with a text), "changes-nothing", "anchor-in-text", "text-twice" (text and text_file),
+    "text-file-outside", "text-file-missing", "encoding", "file-or-files", "absolute-path",
+    "escaping-path", "no-condition" ([needed_when] names none); judged where the rule is used:
+    "unknown-field" (a [needed_when] serve key no variant has), "unknown-kind" (a quantized kind no module
+    has), "unknown-marker" (a [smoke] marker the boot-log reader does not know)."""
+
+
+class UnknownPatch(PatchkitError):
+    """Patch ids the patch set does not have (exit 2): `patches` the unknown ids, `known` the full series,
+    `series` the series that named them (None when one patch was asked for by id)."""
+
+    def __init__(self, patches: tuple[str, ...], known: tuple[str, ...], series: tuple[str, ...] | None = None):
+        self.patches, self.known, self.series = tuple(patches), tuple(known), series
+        if series is None:
+            super().__init__(f"unknown patch {patches[0]!r}; the patch set has: {', '.join(known)}")
+        else:
+            super().__init__(f"series names unknown patches {list(patches)}; known: {', '.join(known)}")
+
+
+class InvalidSeries(PatchkitError):
+    """A series that breaks the patch set's rules (exit 2): `path` the series.toml it was read from (None
+    for a series an image names), `problem` "duplicate" (ids listed twice), "no-folder" (ids without a
+    patch folder), "unlisted" (patch folders the series leaves out) or "order" (not in the full series'
+    application order), `patches` the ids concerned, `order` the full series (for "order")."""
+
+    def __init__(self, path: Path | str | None, problem: str, patches: tuple[str, ...], order: tuple[str, ...] = ()):
+        self.path = None if path is None else str(path)
+        self.problem, self.patches, self.order = problem, tuple(patches), tuple(order)
+        ids = list(self.patches)
+        detail = {"duplicate": f"duplicate patch ids in the series: {ids}" if path else f"series lists {ids} more than once",
+                  "no-folder": f"series names patches with no folder: {ids}",
+                  "unlisted": f"patch folders missing from the series: {ids}",
+                  "order": f"series {ids} is not in the application order of the full series: {list(self.order)}"}[problem]
+        super().__init__(f"{path}: {detail}" if path else detail)
 
 
 class Action(StrEnum):
@@ -113,8 +157,7 @@ class PatchSet:
         try:
             return self.patches[patch_id]
         except KeyError:
-            known = ", ".join(self.order)
-            raise PatchkitError(f"unknown patch {patch_id!r}; the patch set has: {known}") from None
+            raise UnknownPatch((patch_id,), self.order) from None
 
     def series(self, ids: list[str] | tuple[str, ...] | None = None) -> list[Patch]:
         """The patches of a series, in the full series' order (an image names a subset)."""
@@ -122,16 +165,13 @@ class PatchSet:
             return [self.patches[i] for i in self.order]
         unknown = [i for i in ids if i not in self.patches]
         if unknown:
-            raise PatchkitError(f"series names unknown patches {unknown}; known: {', '.join(self.order)}")
+            raise UnknownPatch(tuple(unknown), self.order, tuple(ids))
         dupes = sorted({i for i in ids if list(ids).count(i) > 1})
         if dupes:
-            raise PatchkitError(f"series lists {dupes} more than once")
+            raise InvalidSeries(None, "duplicate", tuple(dupes))
         positions = [self.order.index(i) for i in ids]
         if positions != sorted(positions):
-            raise PatchkitError(
-                f"series {list(ids)} is not in the application order of {self.folder / SERIES_FILE}: "
-                f"{list(self.order)}"
-            )
+            raise InvalidSeries(None, "order", tuple(ids), self.order)
         return [self.patches[i] for i in ids]
 
 
@@ -142,7 +182,7 @@ def load_patchset(folder: Path | str) -> PatchSet:
     order = tomlschema.load(series_path, SeriesFile).series
     dupes = sorted({i for i in order if order.count(i) > 1})
     if dupes:
-        raise PatchkitError(f"{series_path}: duplicate patch ids in the series: {dupes}")
+        raise InvalidSeries(series_path, "duplicate", tuple(dupes))
 
     patches: dict[str, Patch] = {}
     for toml_path in sorted(folder.glob("*/patch.toml")):
@@ -150,33 +190,34 @@ def load_patchset(folder: Path | str) -> PatchSet:
         patches[patch.id] = patch
     missing = [i for i in order if i not in patches]
     if missing:
-        raise PatchkitError(f"{series_path}: series names patches with no folder: {missing}")
+        raise InvalidSeries(series_path, "no-folder", tuple(missing))
     unlisted = sorted(set(patches) - set(order))
     if unlisted:
-        raise PatchkitError(f"{series_path}: patch folders missing from the series: {unlisted}")
+        raise InvalidSeries(series_path, "unlisted", tuple(unlisted))
     return PatchSet(folder=folder, patches=patches, order=tuple(order))
 
 
 def load_patch(toml_path: Path) -> Patch:
     doc = tomlschema.load(toml_path, PatchFile)
-    where = str(toml_path)
     if doc.id != toml_path.parent.name:
-        raise PatchkitError(f"{where}: id {doc.id!r} differs from its folder name {toml_path.parent.name!r}")
-    ranges = {DEFAULT_PACKAGE: _specifier(doc.vllm, f"{where}: key 'vllm'")}
+        raise InvalidPatchFile(toml_path, "key 'id'", "folder-name",
+                               f"id {doc.id!r} differs from its folder name {toml_path.parent.name!r}")
+    ranges = {DEFAULT_PACKAGE: _specifier(doc.vllm, toml_path, "key 'vllm'")}
     for package, spec in doc.packages.items():
         if package not in DISTRIBUTIONS:
-            raise PatchkitError(f"{where}: [packages] names unknown package {package!r}; known: {sorted(DISTRIBUTIONS)}")
-        ranges[package] = _specifier(spec, f"{where}: [packages], key {package!r}")
+            raise InvalidPatchFile(toml_path, "[packages]", "unknown-package",
+                                   f"names unknown package {package!r}; known: {sorted(DISTRIBUTIONS)}")
+        ranges[package] = _specifier(spec, toml_path, f"[packages], key {package!r}")
     if not doc.edit:
-        raise PatchkitError(f"{where}: a patch needs at least one [[edit]]")
+        raise InvalidPatchFile(toml_path, None, "no-edit", "a patch needs at least one [[edit]]")
     edits = tuple(_edit(raw, i, toml_path, ranges) for i, raw in enumerate(doc.edit, start=1))
     probe = None
     if doc.upstreamed is not None:
         raw = doc.upstreamed
-        pw = f"{where}: [upstreamed]"
         if raw.package not in ranges:
-            raise PatchkitError(f"{pw}: package {raw.package!r} has no version range in this patch")
-        probe = Probe(package=raw.package, candidates=_candidates(raw, pw), contains=raw.contains)
+            raise InvalidPatchFile(toml_path, "[upstreamed]", "no-range",
+                                   f"package {raw.package!r} has no version range in this patch")
+        probe = Probe(package=raw.package, candidates=_candidates(raw, toml_path, "[upstreamed]"), contains=raw.contains)
     return Patch(
         id=doc.id,
         title=doc.title,
@@ -205,64 +246,68 @@ def folder_digest(folder: Path) -> str:
 
 
 def _edit(raw: EditTable, index: int, toml_path: Path, ranges: dict[str, SpecifierSet]) -> Edit:
-    where = f"{toml_path}: [[edit]] #{index}"
+    at = f"[[edit]] #{index}"
     if raw.package not in ranges:
-        raise PatchkitError(f"{where}: package {raw.package!r} has no version range in [packages]")
-    text = _edit_text(raw, where, toml_path.parent)
+        raise InvalidPatchFile(toml_path, at, "no-range", f"package {raw.package!r} has no version range in [packages]")
+    text = _edit_text(raw, toml_path, at)
     if raw.action == "assert":
         if text:
-            raise PatchkitError(f"{where}: an assert edit changes nothing and takes no text")
+            raise InvalidPatchFile(toml_path, at, "assert-text", "an assert edit changes nothing and takes no text")
     else:
         if not text:
-            raise PatchkitError(f"{where}: {raw.action} needs a non-empty text (a change that changes nothing is an error)")
+            raise InvalidPatchFile(toml_path, at, "changes-nothing",
+                                   f"{raw.action} needs a non-empty text (a change that changes nothing is an error)")
         if raw.action == "replace" and text == raw.anchor:
-            raise PatchkitError(f"{where}: replacement text equals the anchor (a change that changes nothing)")
+            raise InvalidPatchFile(toml_path, at, "changes-nothing",
+                                   "replacement text equals the anchor (a change that changes nothing)")
         if raw.action != "replace" and raw.anchor in text:
             # The applied form would contain the anchor twice and the state could not be read back.
-            raise PatchkitError(f"{where}: inserted text contains the anchor itself")
+            raise InvalidPatchFile(toml_path, at, "anchor-in-text", "inserted text contains the anchor itself")
     # An edit may narrow the patch's range: one fix whose code moved between releases stays one patch.
-    versions = _specifier(raw.versions, f"{where}: key 'versions'") if raw.versions is not None else None
-    return Edit(index, raw.package, _candidates(raw, where), Action(raw.action), raw.anchor, raw.count, text, versions)
+    versions = _specifier(raw.versions, toml_path, f"{at}, key 'versions'") if raw.versions is not None else None
+    return Edit(index, raw.package, _candidates(raw, toml_path, at), Action(raw.action), raw.anchor, raw.count, text,
+                versions)
 
 
-def _edit_text(raw: EditTable, where: str, folder: Path) -> str:
+def _edit_text(raw: EditTable, toml_path: Path, at: str) -> str:
     if raw.text is not None and raw.text_file is not None:
-        raise PatchkitError(f"{where}: give text or text_file, not both")
+        raise InvalidPatchFile(toml_path, at, "text-twice", "give text or text_file, not both")
     if raw.text_file is None:
         return raw.text or ""
-    name = raw.text_file
+    name, folder = raw.text_file, toml_path.parent
     path = (folder / name).resolve()
     if not path.is_relative_to(folder.resolve()):
-        raise PatchkitError(f"{where}: text_file {name!r} leaves the patch folder")
+        raise InvalidPatchFile(toml_path, at, "text-file-outside", f"text_file {name!r} leaves the patch folder")
     if not path.exists():
-        raise PatchkitError(f"{where}: text_file {name!r} not found beside patch.toml")
-    data = read_file(path, "definition", f"{where}: text_file {name!r}")
+        raise InvalidPatchFile(toml_path, at, "text-file-missing", f"text_file {name!r} not found beside patch.toml")
+    data = read_file(path, "definition", f"{toml_path}: {at}: text_file {name!r}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise PatchkitError(f"{where}: text_file {name!r} is not UTF-8: {e}") from None
+        raise InvalidPatchFile(toml_path, at, "encoding", f"text_file {name!r} is not UTF-8: {e}") from None
 
 
-def _candidates(raw: EditTable | UpstreamedProbeTable, where: str) -> tuple[str, ...]:
+def _candidates(raw: EditTable | UpstreamedProbeTable, toml_path: Path, at: str) -> tuple[str, ...]:
     if (raw.file is None) == (raw.files is None):
-        raise PatchkitError(f"{where}: give exactly one of file or files")
+        raise InvalidPatchFile(toml_path, at, "file-or-files", "give exactly one of file or files")
     paths = [raw.file] if raw.file is not None else raw.files
     for p in paths:
-        check_relative_path(p, where)
+        check_relative_path(p, toml_path, at)
     return tuple(paths)
 
 
-def check_relative_path(path: str, where: str) -> None:
+def check_relative_path(path: str, toml_path: Path, at: str) -> None:
     """A target path stays inside its package root: relative, POSIX, no '..'."""
     pure = PurePosixPath(path)
     if pure.is_absolute() or path.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", path):
-        raise PatchkitError(f"{where}: path {path!r} is absolute; targets are relative to the package root")
+        raise InvalidPatchFile(toml_path, at, "absolute-path",
+                               f"path {path!r} is absolute; targets are relative to the package root")
     if ".." in pure.parts or "\\" in path:
-        raise PatchkitError(f"{where}: path {path!r} escapes the package root")
+        raise InvalidPatchFile(toml_path, at, "escaping-path", f"path {path!r} escapes the package root")
 
 
-def _specifier(spec: str, where: str) -> SpecifierSet:
+def _specifier(spec: str, toml_path: Path, at: str) -> SpecifierSet:
     try:
         return SpecifierSet(spec)
     except InvalidSpecifier as e:
-        raise PatchkitError(f"{where}: invalid version range {spec!r}: {e}") from None
+        raise InvalidPatchFile(toml_path, at, "version-range", f"invalid version range {spec!r}: {e}") from None

@@ -54,6 +54,19 @@ class Mode(StrEnum):
     REVERT = "revert"
 
 
+class PlanFailed(PatchFailed):
+    """Patches that cannot be applied or reverted on a source (exit 1): `source` the source's description,
+    `mode` what was asked (apply or revert), `failed` each failing patch's id and its State; the message
+    holds each one's diagnostic (the edit, the file, what was expected and found)."""
+
+    def __init__(self, source: str, mode: Mode, failed: list[PatchResult]):
+        self.source, self.mode = source, mode
+        self.failed = {r.patch.id: r.state for r in failed}
+        done = {Mode.APPLY: "applied", Mode.REVERT: "reverted"}[mode]
+        detail = "\n".join(r.describe() for r in failed)
+        super().__init__(f"{source}: {len(failed)} patch(es) cannot be {done}:\n{detail}")
+
+
 @dataclass
 class EditResult:
     edit: Edit
@@ -128,9 +141,7 @@ class Plan:
     def raise_for_errors(self) -> None:
         failed = [r for r in self.results if not r.ok]
         if failed:
-            detail = "\n".join(r.describe() for r in failed)
-            done = {Mode.APPLY: "applied", Mode.REVERT: "reverted"}[self.mode]
-            raise PatchFailed(f"{self.source}: {len(failed)} patch(es) cannot be {done}:\n{detail}")
+            raise PlanFailed(self.source, self.mode, failed)
 
 
 class _Texts:

@@ -56,6 +56,18 @@ MIN_SHARED_LINES_RENAMED = 0.5  # a file renamed as well as moved must keep half
 CONTEXT_LINES = 2
 
 
+class RebaseRefused(PatchkitError):
+    """A rebase that cannot be read or written as proposed; nothing is written (exit 2). `patch` the
+    patch id (None where the failure is not one patch's), `problem` "encoding" (a release file not UTF-8),
+    "range-line" (no one version line to widen), "files-key" (no one-line file/files key to extend),
+    "does-not-apply" (the rebased series on the new release) or "read-back" (the rendered patch.toml is
+    not the proposal: a bug), `detail` what was expected and found."""
+
+    def __init__(self, patch: str | None, problem: str, detail: str):
+        self.patch, self.problem, self.detail = patch, problem, detail
+        super().__init__(f"patch {patch}: {detail}" if patch else detail)
+
+
 @dataclass
 class Evidence:
     old_path: str
@@ -150,7 +162,7 @@ def _decode(data: bytes, where: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise PatchkitError(f"{where} is not UTF-8 ({e})") from None
+        raise RebaseRefused(None, "encoding", f"{where} is not UTF-8 ({e})") from None
 
 
 class _Reader:
@@ -495,7 +507,8 @@ def render(result: PatchRebase) -> tuple[str, dict[str, str]]:
         lines = head.splitlines(keepends=True)
         at = [i for i, line in enumerate(lines) if line.startswith(f"{package} =") and _spec_line(line) == SpecifierSet(old)]
         if len(at) != 1:
-            raise PatchkitError(f"{toml_path}: cannot find the one line '{package} = \"{old}\"' to widen to the new release")
+            raise RebaseRefused(patch.id, "range-line", f"{toml_path}: cannot find the one line "
+                                f"'{package} = \"{old}\"' to widen to the new release")
         lines[at[0]] = f"{package} = {toml_string(new)}\n"
         head = "".join(lines)
     by_index = {p.edit.index: p for p in result.proposals}
@@ -571,7 +584,7 @@ def _set_files(body: str, candidates: tuple[str, ...]) -> str:
     if i is None:
         i = _key_line(body, "files")
     if i is None or lines[i].rstrip().endswith("[") :
-        raise PatchkitError("cannot find a one-line file/files key to extend")
+        raise RebaseRefused(None, "files-key", "cannot find a one-line file/files key to extend")
     lines[i] = "files = [" + ", ".join(toml_string(c) for c in candidates) + "]\n"
     return "".join(lines)
 
@@ -609,7 +622,8 @@ def write(rebase_result: Rebase, patches_dir: Path, new: Source) -> PatchSet:
         plan = check_rebased(load_patchset(trial), new, [r.patch.id for r in rebase_result.results])
         if not plan.ok:
             failed = "\n".join(r.describe() for r in plan.results if not r.ok)
-            raise PatchkitError(f"the rebased series does not apply on {plan.source}; nothing written:\n{failed}")
+            raise RebaseRefused(None, "does-not-apply", f"the rebased series does not apply on {plan.source}; "
+                                f"nothing written:\n{failed}")
     for patch_id, (toml_text, files) in rendered.items():
         write_patch_folder(patches_dir / patch_id, toml_text, files)
     return load_patchset(patches_dir)
@@ -638,8 +652,8 @@ def _same_intent(rebase_result: Rebase, patch_id: str, loaded: Patch) -> None:
         hits = [e for e in loaded.edits if e.anchor == p.new.anchor and e.text == p.new.text and e.count == p.new.count
                 and set(p.new.candidates) <= set(e.candidates) and e.action == p.new.action]
         if not hits:
-            raise PatchkitError(f"patch {patch_id}: the rendered patch.toml does not read back as the proposal for "
-                                f"edit {p.edit.index}; nothing written (a patchkit bug: please report it)")
+            raise RebaseRefused(patch_id, "read-back", f"the rendered patch.toml does not read back as the proposal "
+                                f"for edit {p.edit.index}; nothing written (a patchkit bug: please report it)")
 
 
 # ---------------------------------------------------------------------------------------------- behaviour tests

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit.errors import PatchFailed, PatchkitError
-from patchkit.patching.patchset import Edit, Patch, load_patch
+from patchkit.patching.fsops import WrongFileKind, kind
+from patchkit.patching.patchset import Edit, InvalidPatchFile, Patch, load_patch
 from patchkit.sources.base import PACKAGES
 from patchkit.localfiles import atomic_write
 from patchkit.sources.directory import DirectorySource
@@ -33,6 +34,35 @@ from patchkit.untrusted import read_file
 LONG_TEXT_LINES = 20  # a text longer than this goes to a file beside patch.toml, as the hand-written patches do
 EDIT_HEADER = "[[edit]]"
 MAX_CONTEXT = 40  # lines of context an anchor may grow by before its hunk is merged with the next
+
+
+class Unrecordable(PatchFailed):
+    """A difference anchored edits cannot say (exit 1): `path` the edited tree or the file ("vllm/x.py"),
+    `problem` "nothing" (no difference), "files" (files added or removed), "encoding" (not UTF-8),
+    "crlf", "no-anchor" (no unique anchor around a change), `detail` what was found."""
+
+    def __init__(self, path: Path | str, problem: str, detail: str):
+        self.path, self.problem, self.detail = str(path), problem, detail
+        super().__init__(f"{path}: {detail}")
+
+
+class RecordNotProven(PatchFailed):
+    """A recorded patch that does not reproduce the edited tree, so nothing is written (exit 1): `original`
+    and `edited` the trees, `problem` "does-not-apply", "differs" (a file not byte for byte) or
+    "other-files", `detail` the planner's diagnostic or the file."""
+
+    def __init__(self, original: Path, edited: Path, problem: str, detail: str):
+        self.original, self.edited, self.problem, self.detail = original, edited, problem, detail
+        super().__init__(f"the recorded patch {detail}")
+
+
+class PackageInOneTree(PatchkitError):
+    """A package only one of the two trees holds: they are not one release edited (exit 2). `package`,
+    `original` and `edited` the trees."""
+
+    def __init__(self, package: str, original: Path, edited: Path):
+        self.package, self.original, self.edited = package, original, edited
+        super().__init__(f"package {package} is in only one of {original} and {edited}")
 
 
 @dataclass(frozen=True)
@@ -100,7 +130,7 @@ def split_edits(toml_text: str, where: str) -> tuple[str, list[str]]:
     lines = toml_text.splitlines(keepends=True)
     headers = [i for i, line in enumerate(lines) if line.rstrip("\n") == EDIT_HEADER]
     if not headers:
-        raise PatchkitError(f"{where}: no [[edit]] table found")
+        raise InvalidPatchFile(where, None, "no-edit", "no [[edit]] table found")
     starts = []
     for h in headers:  # a table's own comment lines directly above it travel with it
         s = h
@@ -152,7 +182,8 @@ def _tree_files(root: Path) -> dict[str, Path]:
     for dirpath, dirnames, filenames in os.walk(root):
         for d in dirnames:
             if (Path(dirpath) / d).is_symlink():
-                raise PatchkitError(f"{Path(dirpath) / d} is a symbolic link: record reads real directories only")
+                raise WrongFileKind(str(Path(dirpath) / d), "a symbolic link", "a directory",
+                                    "record reads real directories only")
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         for name in filenames:
             path = Path(dirpath) / name
@@ -160,8 +191,7 @@ def _tree_files(root: Path) -> dict[str, Path]:
                 continue
             mode = path.lstat().st_mode
             if not stat.S_ISREG(mode):
-                what = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
-                raise PatchkitError(f"{path} is {what}: record reads regular files only")
+                raise WrongFileKind(str(path), kind(mode), "a regular file", "record reads regular files only")
             out[path.relative_to(root).as_posix()] = path
     return out
 
@@ -175,15 +205,15 @@ def changed_files(original: Path, edited: Path) -> dict[tuple[str, str], tuple[s
         if package not in old_src.versions() and package not in new_src.versions():
             continue
         if package not in old_src.versions() or package not in new_src.versions():
-            raise PatchkitError(f"package {package} is in only one of {original} and {edited}")
+            raise PackageInOneTree(package, original, edited)
         old_root, new_root = old_src.package_root(package), new_src.package_root(package)
         old_files, new_files = _tree_files(old_root), _tree_files(new_root)
         added = sorted(set(new_files) - set(old_files))
         removed = sorted(set(old_files) - set(new_files))
         if added or removed:
-            raise PatchFailed(
-                f"{edited} adds {[f'{package}/{p}' for p in added]} and removes {[f'{package}/{p}' for p in removed]} "
-                f"against {original}: a patch edits existing files by anchor; add or remove files another way")
+            raise Unrecordable(edited, "files", f"adds {[f'{package}/{p}' for p in added]} and removes "
+                               f"{[f'{package}/{p}' for p in removed]} against {original}: a patch edits existing "
+                               "files by anchor; add or remove files another way")
         for path in sorted(old_files):
             old = read_file(old_files[path], "member")
             new = read_file(new_files[path], "member")
@@ -192,9 +222,10 @@ def changed_files(original: Path, edited: Path) -> dict[tuple[str, str], tuple[s
             try:
                 out[(package, path)] = (old.decode("utf-8"), new.decode("utf-8"))
             except UnicodeDecodeError:
-                raise PatchFailed(f"{package}/{path} differs and is not UTF-8 text: it cannot be recorded as edits") from None
+                raise Unrecordable(f"{package}/{path}", "encoding",
+                                   "differs and is not UTF-8 text: it cannot be recorded as edits") from None
             if "\r\n" in out[(package, path)][0]:
-                raise PatchFailed(f"{package}/{path} has CRLF line endings; anchors are LF")
+                raise Unrecordable(f"{package}/{path}", "crlf", "has CRLF line endings; anchors are LF")
     return out
 
 
@@ -217,7 +248,7 @@ def record_file(package: str, candidates: tuple[str, ...], old_text: str, new_te
         grown = _grow(package, candidates, old, new, hunks[k], low, high, working)
         if grown is None:
             if k + 1 >= len(hunks):
-                raise PatchFailed(f"{package}/{candidates[0]}: no unique anchor around line {hunks[k][0] + 1}")
+                raise Unrecordable(f"{package}/{candidates[0]}", "no-anchor", f"no unique anchor around line {hunks[k][0] + 1}")
             i1, _, j1, _ = hunks[k]
             _, i2, _, j2 = hunks[k + 1]  # merge with the next hunk and try again: one larger edit
             hunks[k : k + 2] = [(i1, i2, j1, j2)]
@@ -275,7 +306,7 @@ def record(patch: Patch, original: Path, edited: Path, *, versions: dict[str, st
     the release a dev-build tree is to be taken for, as --assume-version)."""
     changes = changed_files(original, edited)
     if not changes:
-        raise PatchFailed(f"{edited} does not differ from {original}: nothing to record")
+        raise Unrecordable(edited, "nothing", f"does not differ from {original}: nothing to record")
     source = DirectorySource(original)
     versions = {**source.versions(), **(versions or {})}
     # Other releases' and packages' edits, and the asserts (invariants, which no diff shows), stay as written.
@@ -305,14 +336,15 @@ def _prove(candidate: Patch, source: DirectorySource, original: Path, edited: Pa
 
     result = planner.plan([candidate], source, versions=versions)
     if not result.ok:
-        raise PatchFailed(f"the recorded patch does not apply to {original}:\n" + result.result(candidate.id).describe())
+        raise RecordNotProven(original, edited, "does-not-apply",
+                              f"does not apply to {original}:\n" + result.result(candidate.id).describe())
     edited_source = DirectorySource(edited)
     for change in result.changes:
         if change.new != read_file(edited_source.package_root(change.package) / change.path, "member"):
-            raise PatchFailed(f"the recorded patch applied to {original} does not give {edited}'s "
-                              f"{change.package}/{change.path} byte for byte")
+            raise RecordNotProven(original, edited, "differs", f"applied to {original} does not give {edited}'s "
+                                  f"{change.package}/{change.path} byte for byte")
     if {(c.package, c.path) for c in result.changes} != changed:
-        raise PatchFailed(f"the recorded patch changes other files than {edited} does")
+        raise RecordNotProven(original, edited, "other-files", f"changes other files than {edited} does")
 
 
 def write_recording(patch: Patch, recording: Recording) -> None:

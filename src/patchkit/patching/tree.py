@@ -19,7 +19,34 @@ from patchkit.patching import fsops, journal, lock
 from patchkit.patching.journal import JOURNAL_DIR, Entry, JournalError, Recovery, sha256
 from patchkit.patching.planner import FileChange, Plan
 
-__all__ = ["JOURNAL_DIR", "Recovery", "Target", "open_target", "read_locked", "recover", "write_changes", "write_plan"]
+__all__ = ["JOURNAL_DIR", "ChangedSinceRead", "OutsideTarget", "Recovery", "Target", "UnfinishedRun", "open_target", "read_locked", "recover", "write_changes", "write_plan"]
+
+
+class OutsideTarget(PatchkitError):
+    """A file to write that lies outside the target (exit 2): `path` the file, `target` the target."""
+
+    def __init__(self, path: Path, target: Path):
+        self.path, self.target = path, target
+        super().__init__(f"{path} is outside the target {target}: patchkit writes only inside the target (was "
+                         "the package reached through a symbolic link? name the real directory)")
+
+
+class UnfinishedRun(PatchkitError):
+    """A tree to read holding an interrupted run's journal (exit 2): `journal` the journal directory,
+    `target` the tree, which a command that may write (status) finishes."""
+
+    def __init__(self, journal: str, target: Path):
+        self.journal, self.target = journal, target
+        super().__init__(f"{journal}: an interrupted patchkit run left this tree unfinished; "
+                         f"`patchkit status --target {target}` finishes it, then read it again")
+
+
+class ChangedSinceRead(PatchkitError):
+    """A file that no longer holds what the plan was made from (exit 2): `path`; nothing is written."""
+
+    def __init__(self, path: str):
+        self.path = path
+        super().__init__(f"{path} changed since it was read; nothing written, run again")
 
 
 @dataclass
@@ -41,8 +68,7 @@ class Target:
         """`path` relative to the target, as written (the package roots are resolved, so this has no link)."""
         absolute = Path(path).absolute()
         if not absolute.is_relative_to(self.path):
-            raise PatchkitError(f"{path} is outside the target {self.path}: patchkit writes only inside the "
-                                "target (was the package reached through a symbolic link? name the real directory)")
+            raise OutsideTarget(path, self.path)
         return journal.confined(absolute.relative_to(self.path).as_posix())
 
 
@@ -66,8 +92,7 @@ def read_locked(directory: Path, *, wait: float = lock.DEFAULT_WAIT) -> Iterator
     with contextlib.closing(fsops.open_root(path)) as root:
         lock.acquire(root, wait)
         if fsops.lstat(root, JOURNAL_DIR) is not None:
-            raise PatchkitError(f"{root.at(JOURNAL_DIR)}: an interrupted patchkit run left this tree unfinished; "
-                                f"`patchkit status --target {path}` finishes it, then read it again")
+            raise UnfinishedRun(root.at(JOURNAL_DIR), path)
         yield
 
 
@@ -127,13 +152,13 @@ def _checked(root: fsops.Dir, relative: str, change: FileChange) -> Entry:
     with parent:
         current, mode = fsops.read_file(parent, name)
         if current != change.old:
-            raise PatchkitError(f"{parent.at(name)} changed since it was read; nothing written, run again")
+            raise ChangedSinceRead(parent.at(name))
         leftover = journal.new_copy_name(name)
         if fsops.lstat(parent, leftover) is not None:
-            raise JournalError(f"{parent.at(leftover)} exists but no journal names it: it is not patchkit's "
-                               "to remove; inspect it and remove it by hand")
+            raise JournalError(parent.at(leftover), "leftover", "exists but no journal names it: it is not "
+                               "patchkit's to remove; inspect it and remove it by hand")
         cache = fsops.lstat(parent, "__pycache__")
         if cache is not None and not stat.S_ISDIR(cache.st_mode):
-            raise PatchkitError(f"{parent.at('__pycache__')} is {fsops.kind(cache.st_mode)}, not a directory: "
-                                "refusing to patch beside it")
+            raise fsops.WrongFileKind(parent.at("__pycache__"), fsops.kind(cache.st_mode), "a directory",
+                                      "refusing to patch beside it")
     return Entry(relative, sha256(change.old), sha256(change.new), mode)

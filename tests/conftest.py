@@ -28,10 +28,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from packaging.version import Version
-from probes import GlmLayout, glm_layout
+from probes import GlmLayout, glm_layout, patches_under_test
 
 from patchkit.patching.copies import patched_copy
-from patchkit.patching.patchset import load_patchset
 
 REPO = Path(__file__).resolve().parents[1]
 # Fuzz depth (tests/hostile.py): a bounded run in `nox -s tests`, a longer one in the daily `nox -s fuzz`.
@@ -87,7 +86,7 @@ def patched_vllm(tmp_path_factory) -> VllmTree:
     installed = _installed_vllm()
     site = tmp_path_factory.mktemp("patched-site")
     excluded = {i for i in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(",") if i}
-    patchset = load_patchset(os.environ.get("PATCHKIT_TEST_PATCHES") or REPO / "patches")  # patchkit rebase: a rebased set
+    patchset = patches_under_test()  # patchkit rebase: a rebased set
     patched_copy(installed, site, [p for p in patchset.series() if p.id not in excluded])
     return VllmTree(root=site, python=sys.executable)
 

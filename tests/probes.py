@@ -8,6 +8,7 @@ imports through `layout.module("model")` and friends, never a hard-coded `common
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,15 @@ class GlmLayout:
 
 LAYOUT_030 = GlmLayout("0.30", "vllm.models.glm5next.nvidia", "vllm.model_executor.layers.sparse_attn_indexer_kpool")
 LAYOUT_031 = GlmLayout("0.31", "vllm.models.glm5next.common", "vllm.models.glm5next.nvidia.sparse_indexer")
+
+
+
+def patches_under_test():
+    """The patch set the behaviour tests run: the checkout's, or the one `patchkit rebase` hands them
+    (PATCHKIT_TEST_PATCHES, a rebased copy)."""
+    from patchkit.patching.patchset import load_patchset
+
+    return load_patchset(os.environ.get("PATCHKIT_TEST_PATCHES") or REPO / "patches")
 
 
 def glm_layout(vllm_package: Path) -> GlmLayout:
@@ -89,14 +99,12 @@ def probe_fixtures(code, env: dict[str, str] | None = None):
 def guard_in_series(patch_id: str, tree_root):
     """The assert patch is in the series that built the patched tree (honouring PATCHKIT_TEST_EXCLUDE, as
     tests/conftest.py does) and every invariant holds there."""
-    import os
 
     from patchkit.patching import planner
-    from patchkit.patching.patchset import load_patchset
     from patchkit.sources.directory import DirectorySource
 
     excluded = {i for i in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(",") if i}
-    patchset = load_patchset(os.environ.get("PATCHKIT_TEST_PATCHES") or REPO / "patches")  # as conftest
+    patchset = patches_under_test()
     assert patch_id in [p.id for p in patchset.series() if p.id not in excluded], f"{patch_id} left out of the series"
     result = planner.plan([patchset.patch(patch_id)], DirectorySource(tree_root)).result(patch_id)
     assert result.state == planner.State.APPLIED, result.describe()
@@ -111,12 +119,10 @@ def plan_on_drifted_upstream(patch_id: str, old: str, new: str, tmp_path):
 
     from patchkit.patching import planner
     from patchkit.patching.copies import installed_package
-    from patchkit.patching.patchset import load_patchset
     from patchkit.sources.directory import DirectorySource
 
-    import os
 
-    patch = load_patchset(os.environ.get("PATCHKIT_TEST_PATCHES") or REPO / "patches").patch(patch_id)  # as conftest
+    patch = patches_under_test().patch(patch_id)
     installed = installed_package("vllm")
     files = {c: (installed / c).read_text() for e in patch.edits for c in e.candidates if (installed / c).exists()}
     assert any(old in text for text in files.values()), f"{old!r} is not in the installed vLLM"

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from patchkit.errors import PatchkitError
 from patchkit.oci.image import (
+    InvalidBaseImage,
     epoch_timestamp,
     layout_index,
     merge_env,
@@ -13,7 +13,8 @@ from patchkit.oci.image import (
     new_manifest,
 )
 from patchkit.oci.layer import Entry, build_layer
-from patchkit.oci.layout import Layout, write_layout
+from patchkit.oci.layout import InvalidLayout, Layout, OutputTaken, write_layout
+from patchkit.oci.verified import BlobMismatch
 from patchkit.oci.schema import PlatformSpec
 from patchkit.oci.media import (
     OCI_CONFIG,
@@ -52,8 +53,15 @@ def test_new_config_appends_layer_history_labels_env():
 
 
 def test_inconsistent_base_is_refused():
-    with pytest.raises(PatchkitError, match="inconsistent"):
+    with pytest.raises(InvalidBaseImage) as info:
         new_config(BASE_CONFIG, LAYER, created="", created_by="", comment="", labels={}, env={}, n_base_layers=2)
+    assert info.value.part == "config"
+    assert str(info.value) == ("base image config: expected 2 diff_ids, one per manifest layer, found 1: the base "
+                               "image is inconsistent")
+    with pytest.raises(InvalidBaseImage) as info:
+        new_config({**BASE_CONFIG, "rootfs": {}}, LAYER, created="", created_by="", comment="", labels={}, env={},
+                   n_base_layers=1)
+    assert (info.value.part, info.value.found) == ("config", "none")
 
 
 def test_new_manifest_is_oci_with_renamed_base_descriptors():
@@ -79,8 +87,9 @@ def test_layout_round_trip(tmp_path):
     assert layout.resolve("t1").platform == PlatformSpec("arm64", "linux")
     assert layout.read_blob(LAYER.digest) == LAYER.blob
     assert json.loads((tmp_path / "out" / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
-    with pytest.raises(PatchkitError, match="no image named"):
+    with pytest.raises(InvalidLayout) as info:
         layout.resolve("t2")
+    assert (info.value.path, info.value.problem, info.value.name) == (tmp_path / "out", "no-such-image", "t2")
     # replacing an existing layout works and leaves nothing beside it
     write_layout(tmp_path / "out", index, {sha256_digest(manifest): manifest})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -92,9 +101,14 @@ def test_layout_writer_never_clobbers_or_half_writes(tmp_path):
     (tmp_path / "precious" / "file").write_text("mine")
     manifest = canonical_json({"schemaVersion": 2})
     index = layout_index(manifest, Platform.parse("linux/arm64"), "t")
-    with pytest.raises(PatchkitError, match="not an OCI image layout"):
+    with pytest.raises(OutputTaken) as info:
         write_layout(tmp_path / "precious", index, {sha256_digest(manifest): manifest})
+    assert info.value.path == tmp_path / "precious"
     assert (tmp_path / "precious" / "file").read_text() == "mine"
-    with pytest.raises(PatchkitError, match="does not match"):
+    with pytest.raises(BlobMismatch) as mismatch:
         write_layout(tmp_path / "new", index, {"sha256:" + "0" * 64: b"wrong"})
+    assert (mismatch.value.digest, mismatch.value.problem) == ("sha256:" + "0" * 64, "digest")
+    with pytest.raises(InvalidLayout) as info:
+        Layout(tmp_path / "precious")
+    assert info.value.problem == "not-a-layout"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["precious"]

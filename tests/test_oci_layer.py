@@ -7,11 +7,12 @@ import tarfile
 
 import pytest
 
-from patchkit.errors import PatchkitError
 from patchkit.oci.layer import (
     MAX_EXTENDED_HEADER,
     Entry,
     ExtendedHeaderTooLarge,
+    InvalidLayerEntry,
+    UnreadableLayer,
     build_layer,
     iter_layer,
     normalize,
@@ -58,15 +59,17 @@ def test_tar_headers_carry_nothing_that_varies():
     assert members[3].mode == 0o600 and members[0].isdir()
 
 
-@pytest.mark.parametrize("bad", [
-    [Entry("/a/../b", "file", b"")],
-    [Entry("/", "dir")],
-    [Entry("/a", "file", b"1"), Entry("a", "file", b"2")],
-    [Entry("/a/b", "whiteout")],
+@pytest.mark.parametrize("bad,path,problem", [
+    ([Entry("/a/../b", "file", b"")], "/a/../b", "outside"),
+    ([Entry("/", "dir")], "/", "outside"),
+    ([Entry("/a", "file", b"1"), Entry("a", "file", b"2")], "a", "twice"),
+    ([Entry("/a/b", "whiteout")], "a/b", "whiteout-name"),
+    ([Entry("/a", "fifo")], "a", "kind"),
 ])
-def test_bad_entries_are_refused(bad):
-    with pytest.raises(PatchkitError):
+def test_bad_entries_are_refused(bad, path, problem):
+    with pytest.raises(InvalidLayerEntry) as info:
         build_layer(bad, epoch=0)
+    assert (info.value.path, info.value.problem) == (path, problem)
 
 
 def test_normalize():
@@ -103,8 +106,9 @@ def test_reader_classifies_whiteouts_and_opaque_dirs(compress):
 
 def test_reader_reports_a_truncated_layer():
     blob = _tar([("a/b.py", "file")] * 50)
-    with pytest.raises(PatchkitError, match="cannot read layer"):
+    with pytest.raises(UnreadableLayer) as info:
         list(iter_layer(io.BytesIO(blob[: len(blob) // 2]), "cut"))
+    assert info.value.what == "cut" and str(info.value) == f"cannot read layer cut: {info.value.reason}"
 
 
 def test_an_extended_header_claiming_more_than_a_real_one_needs_is_refused_before_it_is_read():

@@ -26,7 +26,7 @@ import sys
 import pytest
 from conftest import VllmTree
 from packaging.version import Version
-from probes import REPO, probe_fixtures
+from probes import REPO, patches_under_test, probe_fixtures
 
 pytestmark = pytest.mark.vllm
 
@@ -105,9 +105,7 @@ stock, patched = probe_fixtures(PROBE)
 
 
 def _patch():
-    from patchkit.patching.patchset import load_patchset
-
-    return load_patchset(os.environ.get("PATCHKIT_TEST_PATCHES") or REPO / "patches").patch(PATCH_ID)  # as conftest
+    return patches_under_test().patch(PATCH_ID)
 
 
 def _release_has_fix() -> bool:

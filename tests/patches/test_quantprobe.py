@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 import pytest
-from probes import probe_fixtures
+from probes import patches_under_test, probe_fixtures
 from quant_configs import probe_prelude
 
 from patchkit.patching.patchset import load_patchset
@@ -75,7 +75,7 @@ def patched_off(patched_vllm):
 
 def documented_line() -> re.Pattern:
     """The line's regex as the patch documents it for readers of boot logs."""
-    why = load_patchset(REPO / "patches").patch("quantprobe").why
+    why = patches_under_test().patch("quantprobe").why  # a rebased set documents its own line
     (regex,) = [line.strip() for line in why.splitlines() if line.strip().startswith("^\\[quantprobe\\]")]
     return re.compile(regex)
 

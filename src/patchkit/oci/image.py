@@ -43,15 +43,24 @@ def merge_env(env: list[str], updates: Mapping[str, str]) -> list[str]:
     return out
 
 
+class InvalidBaseImage(PatchkitError):
+    """A base image whose manifest or config cannot be built on (exit 2): `part` "config" or "manifest",
+    `expected` what a base must have there, `found` what it has."""
+
+    def __init__(self, part: str, expected: str, found: str):
+        self.part, self.expected, self.found = part, expected, found
+        super().__init__(f"base image {part}: expected {expected}, found {found}")
+
+
 def new_config(base_config: Mapping, layer: Layer, *, created: str, created_by: str, comment: str,
                labels: Mapping[str, str], env: Mapping[str, str], n_base_layers: int) -> dict:
     config = copy.deepcopy(dict(base_config))
     rootfs = config.get("rootfs")
     if not isinstance(rootfs, dict) or rootfs.get("type") != "layers" or not isinstance(rootfs.get("diff_ids"), list):
-        raise PatchkitError("base image config has no rootfs.diff_ids list")
+        raise InvalidBaseImage("config", "a rootfs of type layers with a diff_ids list", "none")
     if len(rootfs["diff_ids"]) != n_base_layers:
-        raise PatchkitError(f"base image config lists {len(rootfs['diff_ids'])} diff_ids for "
-                            f"{n_base_layers} manifest layers: the base image is inconsistent")
+        raise InvalidBaseImage("config", f"{n_base_layers} diff_ids, one per manifest layer",
+                               f"{len(rootfs['diff_ids'])}: the base image is inconsistent")
     rootfs["diff_ids"] = [*rootfs["diff_ids"], layer.diff_id]
     config["created"] = created
     history = list(config.get("history") or [])
@@ -72,7 +81,7 @@ def new_manifest(base_manifest: Mapping, config_bytes: bytes, layer: Layer,
     org.opencontainers.image.base.* instead.
     """
     if base_manifest.get("mediaType") in INDEX_TYPES:
-        raise PatchkitError("expected an image manifest, got an index")
+        raise InvalidBaseImage("manifest", "an image manifest", "an index")
     layers = []
     for desc in base_manifest.get("layers") or []:
         desc = dict(desc)

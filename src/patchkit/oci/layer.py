@@ -66,6 +66,27 @@ class Layer:
         return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
 
 
+class InvalidLayerEntry(PatchkitError):
+    """An entry a layer cannot hold (exit 2): `path` as given, `problem` "outside" (not a path inside the
+    image), "twice", "whiteout-name" (a whiteout not named .wh.<name>) or "kind" (`kind` unknown)."""
+
+    def __init__(self, path: str, problem: str, kind: str = ""):
+        self.path, self.problem, self.kind = path, problem, kind
+        super().__init__({"outside": f"layer entry path {path!r} is not a path inside the image",
+                          "twice": f"layer entry {path!r} appears twice",
+                          "whiteout-name": f"whiteout entry {path!r} must be named .wh.<name>",
+                          "kind": f"layer entry {path!r} is of unknown kind {kind!r}"}[problem])
+
+
+class UnreadableLayer(PatchkitError):
+    """A layer blob that does not read as a (gzipped) tar to its end (exit 2): `what` names the layer,
+    `reason` the reader's complaint."""
+
+    def __init__(self, what: str, reason: str):
+        self.what, self.reason = what, reason
+        super().__init__(f"cannot read layer {what}: {reason}")
+
+
 def _sort_key(entry: Entry) -> list[str]:
     # By components, so a directory always precedes its children ("a/b" < "a/b/c" < "a/b-c" would not
     # hold for plain string order, where "-" sorts before "/").
@@ -80,9 +101,9 @@ def build_layer(entries: Iterable[Entry], *, epoch: int) -> Layer:
         for entry in entries:
             name = normalize(entry.path)
             if not name or ".." in entry.path.split("/"):
-                raise PatchkitError(f"layer entry path {entry.path!r} is not a path inside the image")
+                raise InvalidLayerEntry(entry.path, "outside")
             if name in seen:
-                raise PatchkitError(f"layer entry {name!r} appears twice")
+                raise InvalidLayerEntry(name, "twice")
             seen.add(name)
             info = tarfile.TarInfo(name)
             info.mtime = epoch
@@ -99,10 +120,10 @@ def build_layer(entries: Iterable[Entry], *, epoch: int) -> Layer:
             elif entry.kind == "whiteout":
                 base = posixpath.basename(name)
                 if not base.startswith(WHITEOUT_PREFIX):
-                    raise PatchkitError(f"whiteout entry {name!r} must be named .wh.<name>")
+                    raise InvalidLayerEntry(name, "whiteout-name")
                 info.type = tarfile.REGTYPE
             else:
-                raise PatchkitError(f"unknown layer entry kind {entry.kind!r}")
+                raise InvalidLayerEntry(name, "kind", entry.kind)
             tar.addfile(info, payload)
     tar_bytes = raw.getvalue()
     packed = io.BytesIO()
@@ -202,7 +223,7 @@ def iter_layer(stream: BinaryIO, what: str) -> Iterator[tuple[Member, tarfile.Ta
         while inner.read(1 << 20):
             pass
     except (tarfile.TarError, OSError, EOFError, zlib.error, isal_zlib.error) as exc:
-        raise PatchkitError(f"cannot read layer {what}: {exc.__class__.__name__}: {exc}") from None
+        raise UnreadableLayer(what, f"{exc.__class__.__name__}: {exc}") from None
 
 
 class _Prefixed(io.RawIOBase):

@@ -19,7 +19,6 @@ from patchkit.oci.media import (
     INDEX_TYPES,
     canonical_json,
     check_digest,
-    sha256_digest,
 )
 from patchkit.oci.schema import Descriptor, Index, parse
 from patchkit.oci.verified import CHUNK, VerifiedStream, check_bytes
@@ -28,6 +27,31 @@ from patchkit.untrusted import open_regular, read_file
 LAYOUT_FILE = "oci-layout"
 LAYOUT_VERSION = {"imageLayoutVersion": "1.0.0"}
 REF_NAME = "org.opencontainers.image.ref.name"
+
+
+class InvalidLayout(PatchkitError):
+    """An OCI layout that does not hold what was asked of it (exit 2): `path` the layout directory,
+    `problem` "not-a-layout" (no oci-layout and index.json), "missing-blob", "no-such-image" or "ambiguous"
+    (several images and none named), `name` the blob digest or image name asked for ("" for none),
+    `images` the images it holds (for "ambiguous")."""
+
+    def __init__(self, path: Path, problem: str, name: str = "", images: tuple[str, ...] = ()):
+        self.path, self.problem, self.name, self.images = path, problem, name, images
+        super().__init__({
+            "not-a-layout": f"{path} is not an OCI image layout (no oci-layout and index.json)",
+            "missing-blob": f"OCI layout {path} lacks blob {name}",
+            "no-such-image": f"OCI layout {path} has no image named {name!r}",
+            "ambiguous": f"OCI layout {path} holds {len(images)} images ({', '.join(images)}): name one as {path}:NAME",
+        }[problem])
+
+
+class OutputTaken(PatchkitError):
+    """An output path that holds something other than an OCI layout, which patchkit never replaces
+    (exit 2): `path`."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        super().__init__(f"--output {path} exists and is not an OCI image layout; choose another path")
 
 
 def is_layout(path: Path) -> bool:
@@ -51,7 +75,7 @@ class Layout:
     def __init__(self, root: Path):
         self.root = Path(root)
         if not is_layout(self.root):
-            raise PatchkitError(f"{self.root} is not an OCI image layout (no oci-layout and index.json)")
+            raise InvalidLayout(self.root, "not-a-layout")
         what = f"{self.root}/index.json"
         self.index_doc, self.index = parse(read_file(self.root / "index.json", "manifest", what), Index, what)
 
@@ -59,7 +83,7 @@ class Layout:
         algo, _, hexdigest = check_digest(digest).partition(":")
         path = self.root / "blobs" / algo / hexdigest
         if not path.is_file():
-            raise PatchkitError(f"OCI layout {self.root} lacks blob {digest}")
+            raise InvalidLayout(self.root, "missing-blob", digest)
         return path
 
     def read_blob(self, digest: str, size: int | None = None, kind: str = "manifest") -> bytes:
@@ -77,11 +101,9 @@ class Layout:
         if ref is not None:
             entries = [e for e in entries if name(e) == ref or e.digest == ref]
             if not entries:
-                raise PatchkitError(f"OCI layout {self.root} has no image named {ref!r}")
+                raise InvalidLayout(self.root, "no-such-image", ref)
         if len(entries) != 1:
-            names = sorted(name(e) or e.digest for e in self.index_doc.manifests)
-            raise PatchkitError(f"OCI layout {self.root} holds {len(names)} images ({', '.join(names)}): "
-                                f"name one as {self.root}:NAME")
+            raise InvalidLayout(self.root, "ambiguous", images=tuple(sorted(name(e) or e.digest for e in entries)))
         return entries[0]
 
 
@@ -119,7 +141,7 @@ def write_layout(dest: Path, index: Mapping, blobs: Mapping[str, bytes | LocalBl
     """
     dest = Path(dest)
     if dest.exists() and not (dest.is_dir() and (is_layout(dest) or not any(dest.iterdir()))):
-        raise PatchkitError(f"--output {dest} exists and is not an OCI image layout; choose another path")
+        raise OutputTaken(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
@@ -128,14 +150,12 @@ def write_layout(dest: Path, index: Mapping, blobs: Mapping[str, bytes | LocalBl
         for digest, content in sorted(blobs.items()):
             target = sha_dir / check_digest(digest).split(":", 1)[1]
             if isinstance(content, bytes):
-                if sha256_digest(content) != digest:
-                    raise PatchkitError(f"internal error: blob content does not match {digest}")
-                target.write_bytes(content)
+                target.write_bytes(check_bytes(content, digest, len(content), f"{dest}"))
             else:
                 _put_file(content, digest, target)
         (tmp / LAYOUT_FILE).write_text(json.dumps(LAYOUT_VERSION))
-        if index.get("mediaType") not in INDEX_TYPES:
-            raise PatchkitError("internal error: layout index is not an image index")
+        if index.get("mediaType") not in INDEX_TYPES:  # the caller's bug, not bad input: exit 3
+            raise ValueError(f"a layout's index.json must be an image index, not {index.get('mediaType')!r}")
         (tmp / "index.json").write_bytes(canonical_json(index))
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a layout is meant to be read by others
         old = None

@@ -50,9 +50,26 @@ def sha256_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+class InvalidDigest(PatchkitError):
+    """A digest that is not sha256:<64 hex digits> (exit 2): `what` names where it was found, `digest` the
+    value (any type: it comes from outside)."""
+
+    def __init__(self, what: str, digest: object):
+        self.what, self.digest = what, digest
+        super().__init__(f"{what} {digest!r} is not a sha256 digest (sha256: followed by 64 hex digits)")
+
+
+class InvalidPlatform(PatchkitError):
+    """A platform that is not OS/ARCH[/VARIANT] (exit 2): `text` as given."""
+
+    def __init__(self, text: str):
+        self.text = text
+        super().__init__(f"platform {text!r} is not OS/ARCH[/VARIANT], e.g. linux/arm64")
+
+
 def check_digest(digest: str, what: str = "digest") -> str:
     if not isinstance(digest, str) or not DIGEST_RE.match(digest):
-        raise PatchkitError(f"{what} {digest!r} is not a sha256 digest (sha256: followed by 64 hex digits)")
+        raise InvalidDigest(what, digest)
     return digest
 
 
@@ -70,7 +87,7 @@ class Platform:
     def parse(cls, text: str) -> Platform:
         parts = text.split("/")
         if len(parts) not in (2, 3) or not all(parts):
-            raise PatchkitError(f"platform {text!r} is not OS/ARCH[/VARIANT], e.g. linux/arm64")
+            raise InvalidPlatform(text)
         return cls(parts[0], parts[1], parts[2] if len(parts) == 3 else None)
 
     def __str__(self) -> str:

@@ -20,14 +20,19 @@ CHUNK = 1 << 20
 
 class BlobMismatch(PatchkitError):
     """A blob that is longer or shorter than its descriptor says, or does not hash to its digest (exit 2).
-    `problem` is "longer", "shorter" or "digest"."""
+    `what` names where it was read, `digest` and `size` are its descriptor's, `problem` is "longer",
+    "shorter" or "digest", `found` what was read instead (a length, or the digest its bytes hash to),
+    `removed` the cache file that held it, removed so the next run fetches it again (None otherwise)."""
 
-    def __init__(self, what: str, digest: str, problem: str, size: int | None, found: str):
+    def __init__(self, what: str, digest: str, problem: str, size: int | None, found: str,
+                 removed: Path | None = None):
         self.what, self.digest, self.problem, self.size, self.found = what, digest, problem, size, found
+        self.removed = removed
         detail = {"longer": f"holds more than the {size or 0:,} B its descriptor gives",
                   "shorter": f"ends after {found}, its descriptor gives {size or 0:,} B",
                   "digest": f"does not match its digest: its bytes hash to {found}"}[problem]
-        super().__init__(f"{what}: blob {digest} {detail}; refused")
+        where = what if removed is None else f"{what} (cached copy {removed} removed: the next run downloads it again)"
+        super().__init__(f"{where}: blob {digest} {detail}; refused")
 
 
 class VerifiedStream:
@@ -84,11 +89,9 @@ class VerifiedStream:
 
     def _refuse(self, problem: str, found: str) -> None:
         self._done = True
-        what = self.what
         if self._discard is not None:
             self._discard.unlink(missing_ok=True)
-            what += f" (cached copy {self._discard} removed: the next run downloads it again)"
-        raise BlobMismatch(what, self.digest, problem, self.size, found)
+        raise BlobMismatch(self.what, self.digest, problem, self.size, found, self._discard)
 
     def close(self) -> None:
         close = getattr(self._raw, "close", None)

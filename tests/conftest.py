@@ -37,6 +37,10 @@ REPO = Path(__file__).resolve().parents[1]
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("daily", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# The registry client's retry waits (oci/transport.py: 0.5 s doubling) kept short for every test and the
+# CLI runs they start: a test of an unreachable registry must not wait out the real backoff (the retry
+# tests, tests/test_registry_faults.py, count the attempts; the policy's numbers are its own).
+os.environ.setdefault("PATCHKIT_REGISTRY_BACKOFF_S", "0.01")
 pytest_plugins = [
     "not_run",  # the closing "what did not run" summary
     "release_record",  # PATCHKIT_RESULTS: each test's outcome on the installed release, for tests/ran_where.py

@@ -35,11 +35,17 @@ import tomllib
 from pathlib import Path
 
 import nox
+import platformdirs
 
 ROOT = Path(__file__).parent
-CACHE = Path(os.environ.get("PATCHKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "patchkit")
-PINNED = "0.33.0"
-RELEASES = ("0.30.0", "0.31.0", "0.32.0", PINNED)  # every release a patch's `vllm` range may claim
+# patchkit.sources.cache.default_cache_root's root (nox cannot import that package, which needs patchkit's
+# dependencies; platformdirs comes with nox, through virtualenv): the test environments live where
+# `patchkit rebase` and every cache user look.
+CACHE = Path(os.environ["PATCHKIT_CACHE_DIR"]).expanduser() if os.environ.get("PATCHKIT_CACHE_DIR") else Path(
+    platformdirs.user_cache_dir("patchkit"))
+# The pinned release and every supported one, from patchkit itself (its __init__ needs nothing installed).
+sys.path.insert(0, str(ROOT / "src"))
+from patchkit import PINNED_VLLM as PINNED, SUPPORTED_VLLM as RELEASES  # noqa: E402
 # `nox -s tests` runs the whole suite on the pinned release, then the release-sensitive tests on 0.30.0,
 # the layout of the default day-0 base every image is built on. 0.31.0 and 0.32.0 run in `nox -s
 # tests-releases` (the daily workflow): all four do not fit CI's 40-minute budget on two cores.

@@ -361,7 +361,9 @@ def rebase_bench(patches_dir: Path) -> tuple[dict, dict]:
     behaviour tests on the rebased set where the release's environment exists."""
     from patchkit.patching import rebase as rb
 
-    cache_dir = Path(os.environ.get("PATCHKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "patchkit")
+    from patchkit.sources.cache import default_cache_root
+
+    cache_dir = default_cache_root()
     out, totals = {}, {"later_edits": 0, "recovered": 0, "tested": 0, "recovered_and_passing": 0}
     print(f"{'history':<52} {'patch':<24} {'later':>5} {'ident':>5} {'recov':>5}  tests / needs a person")
     with tempfile.TemporaryDirectory(prefix="patchkit-bench-rebase-") as tmp:

@@ -97,7 +97,7 @@ def run(image: str, scale: float, workdir: Path) -> dict:
         cache = workdir / "ci-cache"
         with PeakDisk(cache) as disk:
             seconds, result = timed(lambda: build(image, base=ref, push=[f"{reg.host}/out/{image}"], cache=cache,
-                                                  quiet=True, revision=REVISION, source_url=SOURCE))
+                                                  revision=REVISION, source_url=SOURCE))
         n_read, read_bytes = layers_read(result)
         holders = [i for i, l in enumerate(layers) if "vllm" in l["created_by"] or "flashinfer" in l["created_by"]]
         out["ci"] = {"seconds": round(seconds, 3), "layers_read": n_read, "layers_read_bytes": read_bytes,
@@ -128,7 +128,7 @@ def run(image: str, scale: float, workdir: Path) -> dict:
             files = workdir / "spark-cache"                        # the engine reads are kept here
 
             def load():
-                return build(image, base=ref, load=True, engine_url=url, quiet=True, revision=REVISION,
+                return build(image, base=ref, load=True, engine_url=url, revision=REVISION,
                              source_url=SOURCE, cache=files)
 
             seconds, first = timed(load)                           # first build on this base: reads the engine
@@ -145,7 +145,7 @@ def run(image: str, scale: float, workdir: Path) -> dict:
             cache = workdir / "layout-cache"
 
             def layout_plus_copy():
-                built = build(image, base=ref, output=layout, cache=cache, quiet=True, revision=REVISION,
+                built = build(image, base=ref, output=layout, cache=cache, revision=REVISION,
                               source_url=SOURCE)
                 subprocess.run(["skopeo", "copy", "--quiet", "--dest-daemon-host", url, f"oci:{layout}:{built.built.tag}",
                                 f"docker-daemon:patchkit/{image}:layout"], check=True, capture_output=True)

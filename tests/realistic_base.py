@@ -214,8 +214,9 @@ def write_layer(layer: LayerShape, scale: float, blobs: Path) -> dict:
 
 
 def cache_dir(scale: float) -> Path:
-    root = os.environ.get("PATCHKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "patchkit"
-    return Path(root) / "realistic-base" / f"{GENERATION}-{scale:g}"
+    from patchkit.sources.cache import default_cache_root
+
+    return default_cache_root() / "realistic-base" / f"{GENERATION}-{scale:g}"
 
 
 def realistic_layout(scale: float = 1.0, dest: Path | None = None) -> dict:

@@ -109,7 +109,7 @@ def pinned(registry_server, tmp_path_factory):
 
 def run_build(image, tmp_path, **kw):
     kw.setdefault("cache", tmp_path / "cache")
-    return build(image, revision=REVISION, source_url=SOURCE, epoch=EPOCH, quiet=True, **kw)
+    return build(image, revision=REVISION, source_url=SOURCE, epoch=EPOCH, **kw)
 
 
 def assert_every_anchor(prepared, image):
@@ -250,7 +250,7 @@ def test_same_inputs_give_the_same_digest(base, base_ref, tmp_path):
     assert json.loads(c.built.config_bytes)["rootfs"] == json.loads(a.built.config_bytes)["rootfs"]
     # and another epoch is another image
     d = build("glm53-flash-nvfp4-4p67", base=layout_base, dry_run=True, revision=REVISION, source_url=SOURCE,
-              epoch=EPOCH + 1, quiet=True, cache=tmp_path / "d")
+              epoch=EPOCH + 1, cache=tmp_path / "d")
     assert d.built.digest != a.built.digest
 
 

@@ -32,7 +32,7 @@ EPOCH = 1_700_000_000
 
 
 def run(tmp_path, **kw):
-    return build(IMAGE, revision=REVISION, source_url=SOURCE, epoch=EPOCH, quiet=True, cache=tmp_path / "cache", **kw)
+    return build(IMAGE, revision=REVISION, source_url=SOURCE, epoch=EPOCH, cache=tmp_path / "cache", **kw)
 
 
 def read_back(client, image_id: str, path: str) -> tuple[tarfile.TarInfo, bytes]:
@@ -132,7 +132,7 @@ def test_load_asserts_every_anchor_on_the_engine_copy(registry_server, realistic
     client.api.pull(f"{registry_server.host}/drift/local", tag=drifted["index"], platform="linux/arm64")
     before = {i.id for i in client.images.list()}
     with pytest.raises(PatchFailed) as info:
-        build("glm53-flash-nvfp4", base=ref, load=True, engine_url=podman, quiet=True, revision=REVISION,
+        build("glm53-flash-nvfp4", base=ref, load=True, engine_url=podman, revision=REVISION,
               source_url=SOURCE, epoch=EPOCH, cache=tmp_path / "cache")
     assert "pool-topk-init" in str(info.value) and "anchor expected" in str(info.value)
     assert {i.id for i in client.images.list()} == before, "nothing was built"
@@ -274,9 +274,9 @@ def test_every_image_loads_and_the_engine_image_matches_the_daemonless_layer(ima
         ref, images = request.getfixturevalue("engine_pinned")
         where = {"images_dir": images}
     loaded = build(image_name, load=True, engine_url=engine, revision=REVISION, source_url=SOURCE,
-                   epoch=EPOCH, quiet=True, cache=tmp_path / "cache", **where).built
+                   epoch=EPOCH, cache=tmp_path / "cache", **where).built
     daemonless = build(image_name, dry_run=True, revision=REVISION, source_url=SOURCE, epoch=EPOCH,
-                       quiet=True, cache=tmp_path / "cache", **where).built
+                       cache=tmp_path / "cache", **where).built
     saved = tmp_path / "saved.tar"
     with open(saved, "wb") as out:
         for chunk in engine_client.images.get(loaded.image_id).save(named=False):

@@ -11,26 +11,14 @@ import numpy as np
 import pytest
 import safetensors
 
+from patchkit.checkpoint.headers import TensorInfo, read_header, read_headers
+from patchkit.checkpoint.identity import sha256_bytes, verify_identity
+from patchkit.checkpoint.inventory import format_of, inventory
+from patchkit.checkpoint.memory import per_rank_bytes
 from patchkit.errors import PatchkitError
-from patchkit.checkpoint.headers import (
-    TensorInfo,
-    format_of,
-    inventory,
-    per_rank_bytes,
-    read_header,
-    read_headers,
-    sha256_bytes,
-    verify_identity,
-)
+from patchkit.smoke.synthetic_config import write_header_set
+from patchkit.smoke.synthetic_layout import LAYOUTS, REAL_DIMS, TINY_DIMS, modules, tensor_headers
 from patchkit.variants.definitions import Pins
-from patchkit.smoke.cpu import (
-    LAYOUTS,
-    REAL_DIMS,
-    TINY_DIMS,
-    modules,
-    tensor_headers,
-    write_header_set,
-)
 
 # safetensors dtype names for the library's serializer
 LIB_DTYPE = {"U8": "uint8", "F8_E4M3": "float8_e4m3fn", "F32": "float32", "BF16": "bfloat16", "F16": "float16"}

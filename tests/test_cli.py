@@ -263,3 +263,50 @@ def test_unexpected_error_is_exit_3_internal_error_with_how_to_report(tree, monk
     assert r.exit_code == 3 and "internal error" in r.stderr and "Please report it" in r.stderr
     assert json.loads(r.stdout)["error"] == {"exit_code": 3, "kind": "internal error",
                                              "message": json.loads(r.stdout)["error"]["message"]}
+
+
+# -- options: the folders every command reads, the cache, --json -------------------------------------
+
+
+def test_folders_are_options_of_every_command_that_reads_them(tree, tmp_path):
+    """--patches and --images name the folders on the command line (no PATCHKIT_* environment needed): a
+    --series image name is looked up in --images; each command that reads images takes it."""
+    root, patches = tree
+    images = tmp_path / "images"
+    (images / "a").mkdir(parents=True)
+    (images / "a" / "image.toml").write_text(image_toml("a", digest="2" * 64))
+    r = cli("mirrors", "ghcr.io/owner", "--images", images, "--patches", REPO_PATCHES)
+    assert r.returncode == 0 and r.stdout.split() == ["example.org/base@sha256:" + "2" * 64,
+                                                      "ghcr.io/owner/base@sha256:" + "2" * 64], r.stderr
+    r = cli("list", "--patches", REPO_PATCHES, "--series", "a", "--images", images, "--json")
+    assert r.returncode == 0 and [p["id"] for p in json.loads(r.stdout)["patches"]] == ["nope-mla-pad"], r.stderr
+    r = cli("list", "--patches", REPO_PATCHES, "--series", "glm53-flash-nvfp4", "--images", images)
+    assert r.returncode == 2 and f"unknown series 'glm53-flash-nvfp4': use 'full' or an image name of {images} (a)" in r.stderr
+    for command in (("serve-args", "lab"), ("doctor", "-", "--variant", "lab"), ("preflight", tmp_path, "--variant", "lab"),
+                    ("smoke", "lab", "--cpu")):
+        r = cli(*command, "--images", images)
+        assert r.returncode == 2 and f"no variant.toml under {images}" in r.stderr, (command, r.stderr)
+    r = cli("build", "glm53-flash-nvfp4", "--dry-run", "--images", images)
+    assert r.returncode == 2 and "unknown image 'glm53-flash-nvfp4'" in r.stderr and f"{images} has: a" in r.stderr
+
+
+def test_cache_dir_is_a_global_option_with_its_env_twin(tree, tmp_path):
+    """`patchkit --cache-dir DIR` (or PATCHKIT_CACHE_DIR, as uv's --cache-dir has UV_CACHE_DIR) is where every
+    cache user writes: here the planner's record of patched files known to compile."""
+    root, patches = tree
+    flag, env = tmp_path / "flag-cache", tmp_path / "env-cache"
+    r = cli("--cache-dir", flag, "check", "--source", root, "--patches", patches, env={"PATCHKIT_CACHE_DIR": str(env)})
+    assert r.returncode == 0, r.stderr
+    assert any((flag / "compiles").rglob("*")) and not env.exists()  # the flag wins over its twin
+    r = cli("check", "--source", root, "--patches", patches, env={"PATCHKIT_CACHE_DIR": str(env)})
+    assert r.returncode == 0 and any((env / "compiles").rglob("*")), r.stderr
+    assert "[env: PATCHKIT_CACHE_DIR" in cli("--help").stdout
+
+
+def test_json_mode_is_the_option_not_the_word_anywhere(tree):
+    """--json is an option: the same word as another option's value does not switch failures to JSON."""
+    root, patches = tree
+    r = cli("status", "--patches", patches, "--target", "--json")  # "--json" is the target's (missing) path
+    assert r.returncode == 2 and r.stdout == "" and "'--json' does not exist" in r.stderr
+    r = cli("status", "--patches", patches, "--json", "--target", root / "missing")
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["kind"] == "usage"

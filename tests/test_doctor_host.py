@@ -24,12 +24,8 @@ from engines import DockerdService, _running
 from hostile import assert_no_crash, assert_refused, run_patchkit
 from sshd import SshServer
 
-from patchkit.variants.definitions import find_variant
 from patchkit.spark.checks import (
     GPU_QUERY,
-    NOT_FOUND,
-    Output,
-    _bounded,
     check_gpu,
     check_host,
     check_kv_dtype,
@@ -37,6 +33,8 @@ from patchkit.spark.checks import (
     parse_available,
     parse_gpus,
 )
+from patchkit.spark.commands import NOT_FOUND, Output, _bounded
+from patchkit.variants.definitions import find_variant
 
 DATA = Path(__file__).parent / "data" / "host"
 IMAGES = Path(__file__).resolve().parents[1] / "images"

@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 
 def run(cache: Path, ref: str, podman: str, **kw):
     return build(IMAGE, base=ref, load=True, engine_url=podman, revision=REVISION, source_url=SOURCE,
-                 epoch=EPOCH, quiet=True, cache=cache, **kw)
+                 epoch=EPOCH, cache=cache, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ BUILD_SCRIPT = textwrap.dedent("""
             die()
         local.engine_build = engine_build
     result = build("%s", base=ref, load=True, engine_url=url, revision="%s", source_url="%s",
-                   epoch=%d, quiet=True, cache=Path(cache))
+                   epoch=%d, cache=Path(cache))
     print(json.dumps({"requests": result.built.prepared.source.requests,
                       "files": [[f.path, f.data.hex(), f.mode, f.uid, f.gid] for f in result.built.prepared.files]}))
 """ % (IMAGE, REVISION, SOURCE, EPOCH))

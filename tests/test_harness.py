@@ -15,22 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.errors import PatchkitError
-from patchkit.variants.definitions import ProbeRow, find_variant
-from patchkit.checkpoint.serve import serve_command
-from patchkit.smoke.hardware import (
-    MIN_MAX_TOKENS,
-    PROBE_PROMPT,
-    chat,
-    corruption_probe,
-    run_smoke,
-    wait_healthy,
-)
 from patchkit.bootlog.causes import find_causes
 from patchkit.bootlog.judge import judge_log
+from patchkit.checkpoint.serve import serve_command
+from patchkit.errors import PatchkitError
+from patchkit.images.definitions import series_named
+from patchkit.patching.patchset import load_patchset
+from patchkit.smoke.api import MIN_MAX_TOKENS, PROBE_PROMPT, chat, corruption_probe, wait_healthy
+from patchkit.smoke.hardware import run_smoke, switches_of
+from patchkit.variants.definitions import ProbeRow, find_variant
 
 LOGS = Path(__file__).parent / "data" / "boot-logs"
 IMAGES = Path(__file__).resolve().parents[1] / "images"
+# What the lab image's patches ask of a smoke (quantprobe's patch.toml [smoke]), read from the real set.
+LAB_SWITCHES = switches_of(series_named("glm53-flash-nvfp4-lab", IMAGES, load_patchset(IMAGES.parent / "patches")))
 
 
 def log(name: str) -> str:
@@ -409,7 +407,7 @@ def test_full_smoke_passes_and_writes_a_receipt(tmp_path):
     head, worker = RecordedRunner("ssh://ops@spark1", "lab-good.log"), RecordedRunner("ssh://ops@spark2", "lab-good.log")
     with Endpoint(unhealthy=2) as ep:
         receipt = run_smoke(variant, serve_command(variant), "glm53-flash-nvfp4-lab:local", [head, worker], ep.url,
-                            health_interval_s=0.01, probe_runs=2, quantprobe=True)
+                            health_interval_s=0.01, probe_runs=2, switches=LAB_SWITCHES)
     assert receipt.ok, receipt.findings
     argv_head, argv_worker = head.started[0][1], worker.started[0][1]
     assert argv_head[-6:] == ("--nnodes", "2", "--node-rank", "0", "--master-addr", "spark1")
@@ -474,7 +472,7 @@ def test_the_occupancy_race_is_retried_once_after_its_delay():
     head, slept = RacingRunner("ssh://ops@spark1"), []
     with Endpoint(unhealthy=1) as ep:
         receipt = run_smoke(variant, serve_command(variant), "img", [head], ep.url, health_interval_s=0.01,
-                            probe_runs=1, sleep=slept.append, quantprobe=True)
+                            probe_runs=1, sleep=slept.append, switches=LAB_SWITCHES)
     assert receipt.ok and receipt.attempts == 2 and slept[0] == 10.0
     assert [s[3] for s in head.started] == ["patchkit-smoke-lab-0", "patchkit-smoke-lab-retry-0"]
     assert head.started[0][2]["PATCHKIT_QUANTPROBE"] == "1"

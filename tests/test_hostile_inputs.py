@@ -26,12 +26,14 @@ from patchkit.errors import PatchkitError
 from patchkit.jsondata import MalformedJson
 from patchkit.patching.patchset import load_patch
 from patchkit.untrusted import limit_of
-from patchkit.checkpoint.headers import DTYPE_BITS, read_header, sha256_bytes
-from patchkit.variants.definitions import load_variant
-from patchkit.checkpoint.shapes import MAX_DIMS
 from patchkit.bootlog import causes, markers
-from patchkit.smoke.cpu import LAYOUTS, TINY_DIMS, write_header_set
 from patchkit.bootlog.judge import judge_log
+from patchkit.checkpoint.headers import DTYPE_BITS, read_header
+from patchkit.checkpoint.identity import sha256_bytes
+from patchkit.checkpoint.shapes import MAX_DIMS
+from patchkit.smoke.synthetic_config import write_header_set
+from patchkit.smoke.synthetic_layout import LAYOUTS, TINY_DIMS
+from patchkit.variants.definitions import load_variant
 
 LOGS = REPO / "tests" / "data" / "boot-logs"
 CONFIG, INDEX = "config.json", "model.safetensors.index.json"

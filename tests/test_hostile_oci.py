@@ -197,7 +197,7 @@ def _unread(base: dict, tmp_path: Path) -> list[str]:
     assert outcome.code == 0, outcome.output[-3000:]
     said = [d for d in base["layers"] if f"base layer {d}" in outcome.output]
     assert said and all("not read" in line for line in outcome.output.splitlines() if "base layer sha256:" in line)
-    result = build(IMAGE, base=f"{base['layout']}:base", dry_run=True, cache=tmp_path / "cache", quiet=True)
+    result = build(IMAGE, base=f"{base['layout']}:base", dry_run=True, cache=tmp_path / "cache")
     assert said == [d for d in base["layers"] if d not in result.built.prepared.source.layers_read]
     return said
 
@@ -224,7 +224,7 @@ def test_a_base_blob_that_is_a_symlink_goes_into_the_output_as_a_verified_regula
     (outside / "good").write_bytes(blob.read_bytes())
     blob.unlink()
     blob.symlink_to(outside / "good")
-    result = build(IMAGE, base=f"{root}:base", output=tmp_path / "out", cache=tmp_path / "cache", quiet=True)
+    result = build(IMAGE, base=f"{root}:base", output=tmp_path / "out", cache=tmp_path / "cache")
     out_blob = result.output / "blobs" / "sha256" / unread[0][7:]
     assert not out_blob.is_symlink() and out_blob.read_bytes() == (outside / "good").read_bytes()
     assert not [p for p in result.output.rglob("*") if p.is_symlink()]
@@ -233,7 +233,7 @@ def test_a_base_blob_that_is_a_symlink_goes_into_the_output_as_a_verified_regula
     blob.unlink()
     blob.symlink_to(outside / "evil")
     with pytest.raises(BlobMismatch) as err:
-        build(IMAGE, base=f"{root}:base", output=tmp_path / "out2", cache=tmp_path / "cache", quiet=True)
+        build(IMAGE, base=f"{root}:base", output=tmp_path / "out2", cache=tmp_path / "cache")
     assert (err.value.problem, err.value.digest) == ("digest", unread[0])
     assert not (tmp_path / "out2").exists()
 
@@ -249,8 +249,7 @@ def test_a_tampered_base_layer_is_never_pushed(real_base, registry_server, tmp_p
     blob.unlink()
     blob.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.raises(BlobMismatch) as err:
-        build(IMAGE, base=f"{root}:base", push=[f"{registry_server.host}/tampered/img:t"], cache=tmp_path / "cache",
-              quiet=True)
+        build(IMAGE, base=f"{root}:base", push=[f"{registry_server.host}/tampered/img:t"], cache=tmp_path / "cache")
     assert (err.value.problem, err.value.digest) == ("digest", unread[0])
     client = RegistryClient(registry_server.host)
     assert not client.blob_exists("tampered/img", unread[0])

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from patchkit import SUPPORTED_VLLM
+from patchkit.bootlog.causes import CAUSES, find_causes
+from patchkit.bootlog.markers import MARKER, MARKERS, parse_boot_log
 from patchkit.sources import ArchiveCache
 from patchkit.sources.release import open_release
-from patchkit.bootlog.causes import CAUSES, find_causes
-from patchkit.bootlog.markers import MARKER, MARKERS, RELEASES, parse_boot_log
 
 REPO = Path(__file__).resolve().parents[1]
 DAY0_BOOT = REPO / "tests/data/boot-logs/public/sfxnz-nvidia-dflash2-good-boot.log"  # a real day-0 base boot
@@ -35,7 +36,7 @@ def release_files(version: str) -> dict[str, str]:
 
 
 @pytest.mark.network
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", SUPPORTED_VLLM)
 @pytest.mark.parametrize(("name", "literal", "files"), VLLM_ANCHORS, ids=[a[0] for a in VLLM_ANCHORS])
 def test_every_anchor_stands_in_each_release(version, name, literal, files):
     texts = release_files(version)
@@ -102,13 +103,13 @@ def test_every_marker_the_real_day0_boot_prints_is_anchored():
                      "speculative-config", "speculator-capture", "spec-metrics", "engine-stats", "startup"}
     for name in fired:
         marker = MARKER[name]
-        assert marker.releases == RELEASES or (marker.releases == () and marker.record), name
+        assert marker.releases == SUPPORTED_VLLM or (marker.releases == () and marker.record), name
     assert MARKER["weights-day0"].record.startswith("the day-0 base's own boot: tests/data/boot-logs/public/")
     assert MARKER["weights-day0"].sample in lines
 
 
 @pytest.mark.network
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", SUPPORTED_VLLM)
 def test_the_real_boots_drafter_is_a_vllm_name_in_each_release(version):
     """The DFlash2 drafter of the real day-0 boot is a registered draft architecture and `dflash` a
     speculative method in every supported release, so the method the harness names is vLLM's own."""

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from patchkit.checkpoint.identity import sha256_bytes
+from patchkit.checkpoint.memory import GB10_MEMORY_GIB
+from patchkit.checkpoint.preflight import detect_variant, preflight
 from patchkit.errors import PatchkitError
-from patchkit.checkpoint.headers import sha256_bytes
+from patchkit.images.definitions import series_named
+from patchkit.patching.patchset import load_patchset
+from patchkit.smoke.synthetic_config import write_header_set
+from patchkit.smoke.synthetic_layout import LAYOUTS, REAL_DIMS, TINY_DIMS
 from patchkit.variants.definitions import Pins, find_variant
-from patchkit.checkpoint.preflight import GB10_MEMORY_GIB, preflight
-from patchkit.smoke.cpu import LAYOUTS, REAL_DIMS, TINY_DIMS, write_header_set
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
+PATCHES = load_patchset(IMAGES.parent / "patches")
 DATA = Path(__file__).parent / "data" / "quant-configs"
 REDHAT_QC = json.loads((DATA / "redhat-quantization_config.json").read_text())
 
@@ -23,6 +29,16 @@ REDHAT_QC = json.loads((DATA / "redhat-quantization_config.json").read_text())
 def unpinned(name: str, **checkpoint_changes):
     v = find_variant(name, IMAGES)
     return replace(v, checkpoint=replace(v.checkpoint, pins=Pins(None, None), **checkpoint_changes))
+
+
+def series_of(image: str, images: Path = IMAGES) -> list[str]:
+    """The patch ids of a real image definition's series (parents included)."""
+    return [p.id for p in series_named(image, images, PATCHES)]
+
+
+def check(root: Path, variant, series: list[str] | None = None, **kw):
+    """preflight as the CLI runs it: the real patch set, and the series of the variant's real image."""
+    return preflight(root, variant, series=series_of(variant.image) if series is None else series, patchset=PATCHES, **kw)
 
 
 def pins_of(root: Path) -> dict:
@@ -45,7 +61,7 @@ def make(tmp_path: Path, layout_name: str, dims=TINY_DIMS, edit_config=None, **l
 @pytest.mark.parametrize("name", ["lab", "4p67", "nvidia-nvfp4", "redhat", "libertai"])
 def test_every_variant_layout_passes(tmp_path, name):
     root = make(tmp_path, name)
-    report = preflight(root, unpinned(name), **pins_of(root))
+    report = check(root, unpinned(name), **pins_of(root))
     assert report.ok, report.problems
     assert report.patches["checkpoint"] == sorted(find_variant(name, IMAGES).patches)
     assert report.patches["platform"] == ["nope-mla-pad", "persistent-topk-cc12", "pool-topk-init"]
@@ -57,7 +73,7 @@ def test_every_variant_layout_passes(tmp_path, name):
 
 def test_real_size_nvidia_checkpoint(tmp_path):
     root = make(tmp_path, "nvidia-nvfp4", dims=REAL_DIMS)
-    report = preflight(root, unpinned("nvidia-nvfp4"), **pins_of(root))
+    report = check(root, unpinned("nvidia-nvfp4"), **pins_of(root))
     assert report.ok, report.problems
     assert report.tensors > 145_000 and report.header_only_shards == 3
     assert report.mtp == {"layers": [45], "routed_expert_formats": {"BF16": 864}, "excluded_by_override": True}
@@ -65,13 +81,13 @@ def test_real_size_nvidia_checkpoint(tmp_path):
     assert 85 < mem["weights_gib_per_rank"] < 97 and mem["kv_gib"] == 10.0
     assert mem["total_gib"] == pytest.approx(mem["weights_gib_per_rank"] + 10 + mem["reserve_gib"])
     # One Spark alone cannot hold it.
-    alone = preflight(root, unpinned("nvidia-nvfp4"), tp=1, **pins_of(root))
+    alone = check(root, unpinned("nvidia-nvfp4"), tp=1, **pins_of(root))
     assert any(f"exceed GB10's {GB10_MEMORY_GIB} GiB at TP=1" in p for p in alone.problems)
 
 
 def test_bf16_mtp_outside_ignore_fails_without_the_exclusion(tmp_path):
     root = make(tmp_path, "nvidia-nvfp4")
-    report = preflight(root, unpinned("nvidia-nvfp4", exclude_mtp_from_quant=False), **pins_of(root))
+    report = check(root, unpinned("nvidia-nvfp4", exclude_mtp_from_quant=False), **pins_of(root))
     assert not report.ok
     assert any("mtp routed_expert module(s) stored BF16 but vLLM 0.33 builds them NVFP4" in p for p in report.problems)
     assert any("mtp shared_expert" in p for p in report.problems)
@@ -80,7 +96,7 @@ def test_bf16_mtp_outside_ignore_fails_without_the_exclusion(tmp_path):
 def test_lab_without_the_namespace_patch_is_flagged(tmp_path):
     root = make(tmp_path, "lab")
     variant = replace(unpinned("lab"), patches=())
-    report = preflight(root, variant, **pins_of(root))
+    report = check(root, variant, **pins_of(root))
     assert report.problems == [
         "the checkpoint needs patch modelopt-mtp-namespace (mtp routed_expert); variant lab does not list it"
     ]
@@ -88,13 +104,13 @@ def test_lab_without_the_namespace_patch_is_flagged(tmp_path):
 
 def test_4p67_needs_packed_modules_for_its_attention(tmp_path):
     root = make(tmp_path, "4p67")
-    report = preflight(root, replace(unpinned("4p67"), patches=("modelopt-mtp-namespace",)), **pins_of(root))
+    report = check(root, replace(unpinned("4p67"), patches=("modelopt-mtp-namespace",)), **pins_of(root))
     assert len(report.problems) == 1 and "packed-modules-4p67 (main attention, main indexer, mtp attention" in report.problems[0]
 
 
 def test_redhat_with_mtp_weights_contradicts_the_variant(tmp_path):
     root = make(tmp_path, "redhat", has_mtp=True)
-    report = preflight(root, unpinned("redhat"), **pins_of(root))
+    report = check(root, unpinned("redhat"), **pins_of(root))
     assert "variant says no MTP weights, but the checkpoint has tensors under layers [45]" in report.problems
 
 
@@ -102,7 +118,7 @@ def test_weight_only_storage_under_a_w4a4_declaration(tmp_path):
     """NVFP4 (W4A4) declared, no input_scale stored: vLLM would fold an unloaded scale."""
     root = make(tmp_path, "nvidia-nvfp4", storage={"routed_expert": "NVFP4A16", "dense_mlp": "NVFP4",
                                                    "mtp:routed_expert": "BF16"})
-    report = preflight(root, unpinned("nvidia-nvfp4"), **pins_of(root))
+    report = check(root, unpinned("nvidia-nvfp4"), **pins_of(root))
     assert any("main routed_expert module(s) stored NVFP4A16 but vLLM 0.33 builds them NVFP4" in p for p in report.problems)
 
     def weight_only(config):  # the same storage declared weight-only: vLLM reroutes to W4A16 and loads it
@@ -111,26 +127,26 @@ def test_weight_only_storage_under_a_w4a4_declaration(tmp_path):
 
     root2 = make(tmp_path / "b", "nvidia-nvfp4", edit_config=weight_only,
                  storage={"routed_expert": "NVFP4A16", "dense_mlp": "NVFP4A16", "mtp:routed_expert": "BF16"})
-    assert preflight(root2, unpinned("nvidia-nvfp4"), **pins_of(root2)).ok
+    assert check(root2, unpinned("nvidia-nvfp4"), **pins_of(root2)).ok
 
 
 def test_quantized_attention_in_a_flat_checkpoint_cannot_load(tmp_path):
     root = make(tmp_path, "libertai", storage={"routed_expert": "NVFP4A16", "attention": "NVFP4A16"})
-    report = preflight(root, unpinned("libertai"), **pins_of(root))
+    report = check(root, unpinned("libertai"), **pins_of(root))
     assert any("main attention module(s) stored NVFP4A16 but vLLM 0.33 builds them unquantized" in p for p in report.problems)
 
 
 def test_identity_and_declaration_fail_closed(tmp_path):
     root = make(tmp_path, "lab")
     with pytest.raises(PatchkitError, match="no known SHA-256 pin"):
-        preflight(root, unpinned("lab"))
+        check(root, unpinned("lab"))
     with pytest.raises(PatchkitError, match="does not match the pin"):
-        preflight(root, unpinned("lab"), pin_config="0" * 64, pin_index=pins_of(root)["pin_index"])
+        check(root, unpinned("lab"), pin_config="0" * 64, pin_index=pins_of(root)["pin_index"])
     with pytest.raises(PatchkitError, match="declares modelopt MIXED_PRECISION; variant nvidia-nvfp4 expects modelopt NVFP4"):
-        preflight(root, unpinned("nvidia-nvfp4"), **pins_of(root))
+        check(root, unpinned("nvidia-nvfp4"), **pins_of(root))
     # No variant named and no pinned variant matches these files.
     with pytest.raises(PatchkitError, match="matches no pinned variant.*--variant"):
-        preflight(root, images_dir=IMAGES)
+        detect_variant(root, IMAGES)
 
 
 def test_variant_is_detected_from_its_pins(tmp_path):
@@ -143,7 +159,7 @@ def test_variant_is_detected_from_its_pins(tmp_path):
     text = text.replace(find_variant("nvidia-nvfp4", IMAGES).checkpoint.pins.config_sha256, pins["pin_config"])
     text = text.replace(find_variant("nvidia-nvfp4", IMAGES).checkpoint.pins.index_sha256, pins["pin_index"])
     (images / "glm53-flash-nvidia-nvfp4" / "variant.toml").write_text(text)
-    report = preflight(root, images_dir=images)
+    report = check(root, detect_variant(root, images))
     assert report.variant == "nvidia-nvfp4" and report.ok
 
 
@@ -158,13 +174,13 @@ def test_a_partly_pinned_variant_is_named_but_never_detected(tmp_path):
     assert own.config_sha256 is None and own.index_sha256 in text
     (images / "glm53-flash-nvfp4-redhat" / "variant.toml").write_text(text.replace(own.index_sha256, pins_of(root)["pin_index"]))
     with pytest.raises(PatchkitError, match="matches no pinned variant.*known pins match variant redhat, which pins only part"):
-        preflight(root, images_dir=images)
+        detect_variant(root, images)
     partial = find_variant("redhat", images)
     with pytest.raises(PatchkitError, match="no known SHA-256 pin for config.json"):
-        preflight(root, partial)
-    assert preflight(root, partial, pin_config=pins_of(root)["pin_config"]).ok
+        check(root, partial)
+    assert check(root, partial, pin_config=pins_of(root)["pin_config"]).ok
     with pytest.raises(PatchkitError, match="does not match the pin"):
-        preflight(root, partial, pin_config="0" * 64)
+        check(root, partial, pin_config="0" * 64)
 
 
 # ---------------------------------------------------------------- the real RedHat layout (compressed-tensors)
@@ -184,17 +200,17 @@ def test_redhat_mixed_precision_layout_passes_group_by_group(tmp_path):
     are NVFP4, the dense MLP and shared experts unquantized. Forcing the top-level format per module
     (the old reading) would have demanded NVFP4 of every quantizable module."""
     root = make(tmp_path, "redhat")
-    report = preflight(root, unpinned("redhat"), **pins_of(root))
+    report = check(root, unpinned("redhat"), **pins_of(root))
     assert report.ok, report.problems
     assert report.declared["quant_algo"] == "mixed-precision" and report.declared["source"] == "config.json"
     # The same config with a dense MLP stored NVFP4: no group targets it, so vLLM builds it unquantized.
     root2 = make(tmp_path / "b", "redhat", storage={"routed_expert": "NVFP4-CT", "dense_mlp": "NVFP4-CT"})
-    problems = preflight(root2, unpinned("redhat"), **pins_of(root2)).problems
+    problems = check(root2, unpinned("redhat"), **pins_of(root2)).problems
     assert any("main dense_mlp module(s) stored NVFP4-CT but vLLM 0.33 builds them unquantized" in p for p in problems)
 
 
 def test_compressed_tensors_ignore_and_fused_shards(tmp_path):
-    from patchkit.checkpoint.quant_config import CompressedTensors
+    from patchkit.vllm_rules import CompressedTensors
 
     quant = {"format": "nvfp4-pack-quantized", "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float"}}},
              "ignore": ["re:.*shared_experts.*", "model.language_model.layers.0.mlp.gate_proj"]}
@@ -219,7 +235,7 @@ def test_the_mirror_matches_vllms_own_resolution_on_the_real_config():
     )
     from vllm.model_executor.models.glm4_1v import Glm4vForConditionalGeneration
 
-    from patchkit.checkpoint.quant_config import PACKED_MODULES, CompressedTensors
+    from patchkit.vllm_rules import PACKED_MODULES, CompressedTensors
 
     extra = {"re:.*shared_experts.*": None}
     for quant in (REDHAT_QC, {**REDHAT_QC, "ignore": [*REDHAT_QC["ignore"], *extra, "model.language_model.layers.1.mlp.gate_proj",
@@ -257,7 +273,7 @@ def test_modelopt_mixed_reads_its_layer_table_from_hf_quant_config_json(tmp_path
               "quantization": {k: v for k, v in moved.items() if k not in ("quant_method", "ignore")}
               | {"exclude_modules": moved.get("ignore", [])}}
     (root / "hf_quant_config.json").write_text(json.dumps(nested))
-    report = preflight(root, unpinned("lab"), **pins_of(root))
+    report = check(root, unpinned("lab"), **pins_of(root))
     assert report.ok, report.problems
     assert report.declared["source"] == "hf_quant_config.json"
     assert report.identity["hf_quant_config_sha256"] == sha256_bytes((root / "hf_quant_config.json").read_bytes())
@@ -265,10 +281,10 @@ def test_modelopt_mixed_reads_its_layer_table_from_hf_quant_config_json(tmp_path
 
     (root / "hf_quant_config.json").write_text(json.dumps({**nested, "producer": {"name": "other"}}))
     with pytest.raises(PatchkitError, match="producer.name is not 'modelopt'"):
-        preflight(root, unpinned("lab"), **pins_of(root))
+        check(root, unpinned("lab"), **pins_of(root))
     (root / "hf_quant_config.json").unlink()
     with pytest.raises(PatchkitError, match=r"no quantization_config with quantized_layers.*hf_quant_config.json \(found none\)"):
-        preflight(root, unpinned("lab"), **pins_of(root))
+        check(root, unpinned("lab"), **pins_of(root))
 
 
 def _rename_tensors(root: Path, old: str, new: str) -> None:
@@ -287,16 +303,69 @@ def _rename_tensors(root: Path, old: str, new: str) -> None:
 
 
 def test_tensor_name_spelling_is_judged_against_the_images_series(tmp_path):
+    """The nested spelling needs a patch that loads it (naming-shim's [needed_when] spelling rule): the lab
+    image's real series carries it; the same series without it is refused, naming the patch."""
     root = make(tmp_path, "lab")
-    flat = preflight(root, unpinned("lab"), **pins_of(root), series_of=lambda image: ())
+    unshimmed = [p for p in series_of("glm53-flash-nvfp4-lab") if p != "naming-shim"]
+    flat = check(root, unpinned("lab"), unshimmed, **pins_of(root))
     assert flat.spelling["kind"] == "flat" and flat.ok, flat.problems
+    assert flat.patches["spelling"] == [] and flat.patches["missing"] == []
     _rename_tensors(root, ".hc_attn_fn", ".attn_hc.fn")
-    nested = preflight(root, unpinned("lab"), **pins_of(root), series_of=lambda image: ())
+    nested = check(root, unpinned("lab"), unshimmed, **pins_of(root))
     assert (nested.spelling["kind"], nested.spelling["nested"]) == ("mixed", {"hyper-connections": 45})
-    assert nested.problems == [nested.spelling["verdict"]]
-    assert "image glm53-flash-nvfp4-lab lacks naming-shim: vLLM 0.30-0.33 stop at the first nested name" in nested.problems[0]
-    shimmed = preflight(root, unpinned("lab"), **pins_of(root), series_of=lambda image: ("naming-shim",))
+    assert nested.patches["spelling"] == ["naming-shim"]
+    assert [(m["patch"], m["why"]) for m in nested.patches["missing"]] == [
+        ("naming-shim", PATCHES.patch("naming-shim").needed_when.why)]
+    assert len(nested.problems) == 1 and "lacks patch naming-shim" in nested.problems[0]
+    assert "lacks naming-shim: vLLM 0.30-0.33 stop at the first nested name" in nested.spelling["verdict"]
+    shimmed = check(root, unpinned("lab"), **pins_of(root))  # the lab image's own series
     assert shimmed.ok and shimmed.spelling["verdict"].endswith("image glm53-flash-nvfp4-lab loads them through naming-shim")
+
+
+def test_an_image_without_a_platform_patch_the_variant_needs_is_refused(tmp_path):
+    """The real images/ pass; a copy of them whose root image leaves out pool-topk-init (which every child
+    inherits) fails the lab variant: the missing patch named, with its patch.toml reason and what met it."""
+    root = make(tmp_path, "lab")
+    good = check(root, unpinned("lab"), **pins_of(root))
+    assert good.ok and good.patches["missing"] == [], good.problems
+    assert good.patches["platform"] == ["nope-mla-pad", "persistent-topk-cc12", "pool-topk-init"]
+    images = tmp_path / "images"
+    shutil.copytree(IMAGES, images)
+    definition = images / "glm53-flash-nvfp4" / "image.toml"
+    text = definition.read_text()
+    assert text.count('"pool-topk-init", ') == 1
+    definition.write_text(text.replace('"pool-topk-init", ', ""))
+    series = series_of("glm53-flash-nvfp4-lab", images)
+    assert "pool-topk-init" not in series and "persistent-topk-cc12" in series
+    report = check(root, unpinned("lab"), series, **pins_of(root))
+    assert not report.ok
+    need = PATCHES.patch("pool-topk-init").needed_when
+    assert need.config_set == ["index_topk"]
+    assert report.patches["missing"] == [{"patch": "pool-topk-init", "why": need.why,
+                                          "found": [f"config index_topk = {4 * TINY_DIMS.kpool * 32}"]}]
+    assert len(report.problems) == 1
+    assert all(word in report.problems[0] for word in ("glm53-flash-nvfp4-lab", "pool-topk-init", "variant lab", need.why))
+
+
+def test_cli_preflight_refuses_an_images_folder_missing_a_needed_patch(tmp_path):
+    """`patchkit preflight --images DIR` judges DIR's definitions (exit 1, JSON names the missing patch)."""
+    import subprocess
+    import sys
+
+    root = make(tmp_path, "4p67")  # an unpinned variant: the pins are given
+    images = tmp_path / "images"
+    shutil.copytree(IMAGES, images)
+    definition = images / "glm53-flash-nvfp4" / "image.toml"
+    definition.write_text(definition.read_text().replace('"pool-topk-init", ', ""))
+    pins = pins_of(root)
+    run = subprocess.run([sys.executable, "-m", "patchkit", "preflight", str(root), "--variant", "4p67", "--json",
+                          "--images", str(images), "--patches", str(PATCHES.folder),
+                          "--pin-config", pins["pin_config"], "--pin-index", pins["pin_index"]],
+                         capture_output=True, text=True, check=False, timeout=300)
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["ok"] is False and report["image"] == "glm53-flash-nvfp4-4p67"
+    assert [m["patch"] for m in report["patches"]["missing"]] == ["pool-topk-init"]
 
 
 def test_cli_preflight_reads_the_series_of_the_variants_image(tmp_path):

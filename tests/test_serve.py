@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.errors import PatchkitError
-from patchkit.checkpoint.headers import sha256_bytes
-from patchkit.variants.definitions import find_variant, load_variants
+from patchkit.checkpoint.identity import sha256_bytes
 from patchkit.checkpoint.mtp_ignore import (
     extended_quantization_config,
     hf_overrides,
@@ -18,7 +16,10 @@ from patchkit.checkpoint.mtp_ignore import (
     predictor_layers,
 )
 from patchkit.checkpoint.serve import serve_args, serve_command
-from patchkit.smoke.cpu import LAYOUTS, TINY_DIMS, write_header_set
+from patchkit.errors import PatchkitError
+from patchkit.smoke.synthetic_config import write_header_set
+from patchkit.smoke.synthetic_layout import LAYOUTS, TINY_DIMS
+from patchkit.variants.definitions import find_variant, load_variants
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
 

@@ -28,7 +28,7 @@ from engines import DockerdService, PodmanService, _running, sdk_client
 from hostile import REPO, assert_refused, run_patchkit
 from sshd import SshServer
 
-from patchkit.smoke.hardware import SMOKE_LABEL
+from patchkit.smoke.containers import SMOKE_LABEL
 
 STANDIN = Path(__file__).parent / "standin_server"
 LOGS = Path(__file__).parent / "data" / "boot-logs"

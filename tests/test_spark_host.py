@@ -130,7 +130,7 @@ def test_build_load_names_the_base_rightly_however_it_is_given(loaded, engine_cl
     recorded = engine_client.images.get(image_id).attrs.get("RepoDigests") or []
     tags = set()
     for spec in ("patchkit/demo-base:base", image_id, image_id[7:19]):
-        result = build(IMAGE, base=spec, load=True, engine_url=engine, epoch=EPOCH, quiet=True,
+        result = build(IMAGE, base=spec, load=True, engine_url=engine, epoch=EPOCH,
                        cache=tmp_path / "cache")
         labels = engine_client.images.get(result.engine_image).labels
         assert labels["dev.patchkit.base.image-id"] == image_id
@@ -181,7 +181,7 @@ def test_every_route_builds_the_pinned_base_stand_in_in_the_engine(registry_serv
         text = re.sub(r'^ref = "vllm/vllm-openai:glm53-flash-arm64-cu130@sha256:[0-9a-f]{64}"$', f'ref = "{ref}"',
                       root.read_text(), flags=re.MULTILINE)
         (images / "glm53-flash-nvfp4" / "image.toml").write_text(text)
-        kw = dict(images_dir=images, epoch=EPOCH, quiet=True, cache=tmp_path / name)
+        kw = dict(images_dir=images, epoch=EPOCH, cache=tmp_path / name)
         if name == "mixed":
             for route in ({"load": True, "engine_url": podman}, {"output": tmp_path / "mixed-oci"}):
                 with pytest.raises(VersionsDisagree) as err:
@@ -208,7 +208,7 @@ def test_load_of_a_cu130_base_finds_its_suffixed_metadata(client, podman, tmp_pa
 
     made = make_stand_in(CU130, tmp_path_factory.mktemp("cu130") / "layout")
     loaded = load_layout(f"{made['layout']}:base", tag="patchkit/cu130:base", engine_url=podman)
-    result = build(IMAGE, base=loaded.tag, load=True, engine_url=podman, epoch=EPOCH, quiet=True,
+    result = build(IMAGE, base=loaded.tag, load=True, engine_url=podman, epoch=EPOCH,
                    cache=tmp_path / "cache")
     prepared = result.built.prepared
     assert prepared.versions["vllm"] == "0.33.0+cu130" and prepared.engine_versions["vllm"] == "0.33.0"

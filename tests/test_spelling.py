@@ -16,12 +16,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from patchkit.checkpoint.identity import INDEX
+from patchkit.checkpoint.spelling import nested_loaders, read_spelling, spelling_of
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import load_images
 from patchkit.patching.patchset import load_patchset
-from patchkit.checkpoint.spelling import INDEX, SHIM, read_spelling, spelling_of
 
 ROOT = Path(__file__).resolve().parents[1]
+PATCHES = load_patchset(ROOT / "patches")
+LOADERS = nested_loaders(PATCHES.series())  # the patches whose [needed_when] names the nested spelling
 P = "model.language_model.layers"
 
 
@@ -48,7 +51,7 @@ COMMON = [f"{P}.3.self_attn.kv_a_proj_with_mqa.weight", f"{P}.3.mlp.experts.0.do
 
 @pytest.fixture(scope="module")
 def series():
-    images = load_images(ROOT / "images", load_patchset(ROOT / "patches"))
+    images = load_images(ROOT / "images", PATCHES)
     return {name: image.series for name, image in images.items()}
 
 
@@ -68,28 +71,34 @@ def test_flat_export():
 def test_mixed_and_unknown():
     assert spelling_of(kda_layer(0, nested=True) + kda_layer(1, nested=False)).kind == "mixed"
     unknown = spelling_of(COMMON)
-    assert unknown.kind == "unknown" and unknown.handled_by(["quantprobe"]) is None
-    assert "not determined" in unknown.verdict(["quantprobe"])
+    assert unknown.kind == "unknown" and unknown.handled_by(["quantprobe"], LOADERS) is None
+    assert "not determined" in unknown.verdict(["quantprobe"], LOADERS)
+
+
+def test_the_loader_of_the_nested_spelling_is_named_by_its_patch():
+    assert LOADERS == ("naming-shim",)
+    nested = spelling_of(kda_layer(0, nested=True))
+    assert nested.handled_by(["naming-shim"], ()) is False  # a set without a loader loads nothing nested
 
 
 def test_only_images_with_the_shim_load_the_nested_spelling(series):
     nested = spelling_of(kda_layer(0, nested=True))
     flat = spelling_of(kda_layer(0, nested=False))
     mixed = spelling_of(kda_layer(0, nested=True) + kda_layer(1, nested=False))
-    loads_nested = {name for name, s in series.items() if nested.handled_by(s)}
+    loads_nested = {name for name, s in series.items() if nested.handled_by(s, LOADERS)}
     # the lab image carries the shim; 4p67 inherits it from lab; the other three do not
     assert loads_nested == {"glm53-flash-nvfp4-lab", "glm53-flash-nvfp4-4p67"}
-    assert all(mixed.handled_by(s) == nested.handled_by(s) for s in series.values())
-    assert all(flat.handled_by(s) for s in series.values())
-    refused = nested.verdict(series["glm53-flash-nvidia-nvfp4"], "glm53-flash-nvidia-nvfp4")
-    assert f"lacks {SHIM}" in refused and "KeyError" in refused and f"{P}.0.attn_hc.fn" in refused
-    assert f"through {SHIM}" in nested.verdict(series["glm53-flash-nvfp4-lab"])
+    assert all(mixed.handled_by(s, LOADERS) == nested.handled_by(s, LOADERS) for s in series.values())
+    assert all(flat.handled_by(s, LOADERS) for s in series.values())
+    refused = nested.verdict(series["glm53-flash-nvidia-nvfp4"], LOADERS, "glm53-flash-nvidia-nvfp4")
+    assert "lacks naming-shim" in refused and "KeyError" in refused and f"{P}.0.attn_hc.fn" in refused
+    assert "through naming-shim" in nested.verdict(series["glm53-flash-nvfp4-lab"], LOADERS)
 
 
 def test_every_nested_family_is_one_the_shim_renames():
     """The classifier and the patch agree on what "nested" is: each nested component it detects is the
     left-hand side of a rename in patches/naming-shim (or its fused-conv split)."""
-    text = load_patchset(ROOT / "patches").patch(SHIM).edits[0].text
+    text = PATCHES.patch(LOADERS[0]).edits[0].text
     for component in ('".attn_hc.fn"', '".attn_hc.base"', '".attn_hc.scale"', '".ffn_hc.fn"', '".ffn_hc.base"',
                       '".ffn_hc.scale"', '".self_attn.forget_gate.A_log"', '".self_attn.forget_gate.dt_bias"',
                       '".self_attn.forget_gate.f_a_proj."', '".self_attn.forget_gate.f_b_proj."',

@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass
 
 from patchkit.bootlog.markers import ANSI, PHASES, log_lines, shown
 
-
 # What gives a phase that ran out of unified memory its headroom (one wording for every memory kill).
 _HEADROOM = ("give that phase headroom on every node: drop the page cache and close other processes, lower "
              "--gpu-memory-utilization or the pinned --kv-cache-memory-bytes, and check what grew in the phase "

@@ -16,10 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
-from patchkit.untrusted import limit_of
-from patchkit.variants.definitions import Variant
 from patchkit.bootlog.causes import CauseReader, Found
 from patchkit.bootlog.markers import ANSI, KEEP_FIRST, BootMarkers, log_lines, read_line
+from patchkit.untrusted import limit_of
+from patchkit.variants.definitions import Variant
 
 # A mean acceptance length this close to 1 means the target rejects (almost) every drafted token.
 _REJECTS_ALL = 1.05

@@ -19,10 +19,9 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from patchkit import SUPPORTED_VLLM
 from patchkit.untrusted import limit_of
 from patchkit.variants.definitions import ProbeRow
-
-RELEASES = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class Marker:
     record: str = ""  # where a marker no release carries is documented
 
 
-def _m(name, pattern, literal, files, sample, releases=RELEASES, record=""):
+def _m(name, pattern, literal, files, sample, releases=SUPPORTED_VLLM, record=""):
     return Marker(name, re.compile(pattern), literal, tuple(files), tuple(releases), sample, record)
 
 
@@ -105,7 +104,6 @@ MARKER = {m.name: m for m in MARKERS}
 ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colour codes, stripped before any line is read
 # Draft architectures by the method that loads them (vllm/model_executor/models/registry.py names).
 _DRAFT_ARCH = (("dflash", re.compile(r"DFlash", re.IGNORECASE)), ("eagle", re.compile(r"Eagle", re.IGNORECASE)), ("mtp", re.compile(r"MTP")))
-SPEC_METHODS = ("mtp", "dflash", "eagle", "ngram", "none")
 # A boot's phases in order, each known from the marker that closes the one before; a log's phase is the
 # last it reached (what a boot that stops without an error line was doing when it stopped).
 PHASES = {

@@ -31,14 +31,12 @@ import copy
 from fnmatch import fnmatchcase
 
 from patchkit.errors import PatchkitError
+from patchkit.vllm_rules import hf_to_vllm, module_prefix
 
 MAX_PREDICTOR_LAYERS = 64
-SPELLINGS = (
-    "model.layers.{i}.*",
-    "model.language_model.layers.{i}.*",
-    "language_model.model.layers.{i}.*",
-    "model.layers.{i}.mtp_block.*",
-)
+_HF = "model.language_model.layers.{i}.*"
+# The four spellings of the module docstring, the mapped ones through vllm_rules' one mapper.
+SPELLINGS = (module_prefix(_HF, mtp=True), _HF, hf_to_vllm(_HF), "model.layers.{i}.mtp_block.*")
 
 
 def _count(config: dict, key: str) -> int | None:

@@ -13,12 +13,12 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchkit.errors import PatchkitError
-from patchkit.checkpoint.headers import VerifiedCheckpoint, verify_identity
-from patchkit.variants.definitions import Variant
+from patchkit.checkpoint.identity import VerifiedCheckpoint, verify_identity
 from patchkit.checkpoint.mtp_ignore import hf_overrides
-from patchkit.variants.pins import resolve_pins
 from patchkit.checkpoint.quant_config import read_declared
+from patchkit.errors import PatchkitError
+from patchkit.variants.definitions import Variant
+from patchkit.variants.pins import resolve_pins
 
 
 @dataclass(frozen=True)

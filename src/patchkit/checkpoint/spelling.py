@@ -6,9 +6,10 @@ GLM-5.3-Flash exports come in two spellings of the same parameters:
   `self_attn.dt_bias`, `self_attn.A_log`;
 - nested, transformers' Glm5Next module tree: `layers.N.attn_hc.{fn,base,scale}`, `layers.N.ffn_hc.*`,
   `self_attn.forget_gate.{f_a_proj,f_b_proj,dt_bias,A_log}`, one fused `self_attn.conv1d.weight`.
-Stock vLLM loads only the flat spelling (a nested name is a KeyError at load); the `naming-shim` patch
-loads both (patches/naming-shim/patch.toml has the evidence). The index's weight_map names every
-tensor, so the spelling is known before a single shard is opened.
+Stock vLLM loads only the flat spelling (a nested name is a KeyError at load); a patch whose patch.toml
+says it is needed for the nested spelling (`[needed_when] spelling = "nested"`: naming-shim, which has
+the evidence) loads both. The index's weight_map names every tensor, so the spelling is known before a
+single shard is opened.
 """
 
 from __future__ import annotations
@@ -19,12 +20,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from patchkit.checkpoint.identity import INDEX
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import load_json_object
+from patchkit.patching.patchset import Patch
 from patchkit.untrusted import read_file
-
-INDEX = "model.safetensors.index.json"
-SHIM = "naming-shim"  # the patch that loads the nested spelling
 
 # family -> the name component that marks it, per spelling (a component is bounded by dots or the end)
 NESTED = {
@@ -37,7 +37,11 @@ FLAT = {
     "forget gate": re.compile(r"\.self_attn\.(?:A_log$|dt_bias$|f_a_proj\.|f_b_proj\.)"),
     "short conv": re.compile(r"\.self_attn\.[qkv]_conv1d\.weight$"),
 }
-KINDS = ("nested", "flat", "mixed", "unknown")
+
+
+def nested_loaders(patches: Iterable[Patch]) -> tuple[str, ...]:
+    """The patches that load the nested spelling: those whose `[needed_when]` names it."""
+    return tuple(p.id for p in patches if p.needed_when is not None and p.needed_when.spelling == "nested")
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,12 @@ class Spelling:
     flat: dict[str, int]
     example: str | None  # the first nested name, for messages
 
-    def handled_by(self, series: Iterable[str]) -> bool | None:
-        """Does a vLLM 0.30-0.33 carrying `series` load these names? None: nothing to judge by."""
+    def handled_by(self, series: Iterable[str], loaders: Iterable[str]) -> bool | None:
+        """Does a vLLM 0.30-0.33 carrying `series` load these names, `loaders` being the patches that load
+        the nested spelling (nested_loaders)? None: nothing to judge by."""
         if self.kind == "unknown":
             return None
-        return self.kind == "flat" or SHIM in set(series)
+        return self.kind == "flat" or bool(set(series) & set(loaders))
 
     def describe(self) -> str:
         def counts(families: dict[str, int]) -> str:
@@ -68,15 +73,18 @@ class Spelling:
             parts.append(f"flat: {counts(self.flat)}")
         return "; ".join(parts)
 
-    def verdict(self, series: Iterable[str], image: str = "the series") -> str:
+    def verdict(self, series: Iterable[str], loaders: Iterable[str], image: str = "the series") -> str:
         """One line for a preflight report."""
-        handled = self.handled_by(series)
+        loaders, series = tuple(loaders), tuple(series)
+        shim = " or ".join(loaders) or "a patch loading the nested spelling"
+        handled = self.handled_by(series, loaders)
         if handled is None:
-            return f"{self.describe()}; nothing for {SHIM} to do"
+            return f"{self.describe()}; nothing for {shim} to do"
         if handled:
-            how = "loads them as stored" if self.kind == "flat" else f"loads them through {SHIM}"
+            through = " or ".join(p for p in loaders if p in series)
+            how = "loads them as stored" if self.kind == "flat" else f"loads them through {through}"
             return f"{self.describe()}; {image} {how}"
-        return (f"{self.describe()}; {image} lacks {SHIM}: vLLM 0.30-0.33 stop at the first nested name "
+        return (f"{self.describe()}; {image} lacks {shim}: vLLM 0.30-0.33 stop at the first nested name "
                 f"with a KeyError ({self.example})")
 
 

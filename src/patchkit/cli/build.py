@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from patchkit.cli.common import console, err_console, images_home, json_option, patches_option
+from patchkit.cli.common import console, err_console, images_option, json_option, patches_option
 
 
 @click.command("build")
@@ -26,17 +26,18 @@ from patchkit.cli.common import console, err_console, images_home, json_option, 
 @click.option("--revision", help="Source revision for the OCI annotations (default: git HEAD).")
 @click.option("--source-url", help="Source URL for the OCI annotations.")
 @patches_option
+@images_option
 @json_option
 def build_cmd(image, base, push, output, dry_run, engine, load, engine_url, result_json, revision, source_url, patches_dir,
-              as_json):
+              images_dir, as_json):
     """Build IMAGE: the base plus one layer of patched files, linux/arm64, reproducible, no daemon."""
     from patchkit.images.build import build
+    from patchkit.oci.progress import RichProgress
 
     result = build(
         image, base=base, push=push, output=output, dry_run=dry_run, engine=engine, load=load, engine_url=engine_url,
-        images_dir=images_home(),
-        patches_dir=patches_dir,
-        revision=revision, source_url=source_url, console=err_console,
+        images_dir=images_dir, patches_dir=patches_dir, revision=revision, source_url=source_url,
+        progress=RichProgress(err_console),
     )
     summary = result.summary()
     for patch_id, note in summary["notes"].items():
@@ -94,7 +95,8 @@ def load_cmd(layout, tag, engine_url, as_json):
 @click.argument("prefix")
 @click.argument("image", required=False)
 @patches_option
-def mirrors_cmd(prefix, image, patches_dir):
+@images_option
+def mirrors_cmd(prefix, image, patches_dir, images_dir):
     """One "SOURCE MIRROR" line per distinct pinned base, of IMAGE or of every image.
 
     SOURCE is the base as its image.toml pins it, without the tag (skopeo refuses tag and digest
@@ -105,7 +107,7 @@ def mirrors_cmd(prefix, image, patches_dir):
     from patchkit.patching.patchset import load_patchset
 
     patchset = load_patchset(patches_dir)
-    images = load_images(images_home(), patchset)
+    images = load_images(images_dir, patchset)
     for source, mirror in mirrors(images, prefix, image):
         click.echo(f"{source} {mirror}")
 

@@ -14,30 +14,21 @@ from rich.console import Console
 
 # The shared options live in a light module of their own (cli.options); commands take them from here too.
 from patchkit.cli.options import (  # noqa: F401
-    assume_option, images_home, json_option, patches_home, patches_option, series_option,
+    JSON_MODE, SeriesChoice, assume_option, images_option, json_option, patches_option, series_option,
 )
 from patchkit.errors import INTERNAL_ERROR_EXIT, PatchFailed, PatchkitError
-from patchkit.patching.patchset import PatchSet, load_patchset
+from patchkit.patching.patchset import Patch, PatchSet, load_patchset
 
 console = Console()
 err_console = Console(stderr=True)
 
 
-def load_series(patches_dir: Path, series: str | None) -> tuple[PatchSet, list]:
-    """`--series full` (the default) is the whole set; any other name is an image's own series."""
-    patchset = load_patchset(patches_dir)
-    if series in (None, "full"):
-        return patchset, patchset.series()
-    from patchkit.images.definitions import (
-        load_images,  # images depend on the patch model, not the other way round
-    )
+def load_series(patches_dir: Path, series: SeriesChoice) -> tuple[PatchSet, list[Patch]]:
+    """The patch set of --patches, and the series --series names in it (an image name: of --images)."""
+    from patchkit.images.definitions import series_named  # images depend on the patch model, not the other way round
 
-    images_dir = images_home()
-    if not (images_dir / series / "image.toml").is_file():
-        names = sorted(p.parent.name for p in images_dir.glob("*/image.toml"))
-        raise PatchkitError(f"unknown series {series!r}: use 'full' or an image name ({', '.join(names) or 'none'})")
-    images = load_images(images_dir, patchset)
-    return patchset, patchset.series(images[series].series)
+    patchset = load_patchset(patches_dir)
+    return patchset, series_named(series.name, series.images_dir, patchset)
 
 
 def parse_assumed(values: tuple[str, ...]) -> dict[str, str]:
@@ -81,10 +72,6 @@ class PatchkitGroup(click.Group):
     is also one JSON object on stdout.
     """
 
-    def parse_args(self, ctx, args):
-        ctx.meta["patchkit.json"] = "--json" in args
-        return super().parse_args(ctx, args)
-
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -93,7 +80,7 @@ class PatchkitGroup(click.Group):
         except click.exceptions.Exit:
             raise
         except click.ClickException as e:
-            if ctx.meta.get("patchkit.json"):
+            if ctx.meta.get(JSON_MODE):
                 _json_failure(e.exit_code, "usage", e.format_message())
             raise
         except OSError as e:
@@ -111,7 +98,7 @@ class PatchkitGroup(click.Group):
 
     @staticmethod
     def _fail(ctx, code: int, kind: str, message: str):
-        if ctx.meta.get("patchkit.json"):
+        if ctx.meta.get(JSON_MODE):
             _json_failure(code, kind, message)
         err_console.print(f"[bold red]patchkit: {kind}:[/] ", end="")
         err_console.print(message, markup=False, highlight=False, soft_wrap=True)

@@ -1,7 +1,7 @@
 """`patchkit doctor LOG [--variant V] [--json]`: judge a recorded boot log offline; `patchkit doctor --host
 [ssh://HOST]`: check a Spark's prerequisites before the first serve (spark/checks.py).
 
-The same judgement the live smoke makes (bootlog/judge.py): the fatal cause with the line that
+The same judgement the live smoke makes (patchkit.bootlog.judge): the fatal cause with the line that
 showed it and its fix, the weight and KV markers in every format the base and the releases print, the
 speculator that attached and its acceptance, and, with --variant, the variant's expectations.
 A recorded log is all there is, so one that ends without 'Application startup complete' is a boot that
@@ -19,25 +19,8 @@ from collections.abc import Iterator
 
 import click
 
-from patchkit.cli.common import console, images_home, json_option, patches_home
+from patchkit.cli.common import console, images_option, json_option
 from patchkit.errors import PatchkitError
-
-QUANTPROBE_PATCH = "quantprobe"
-
-
-def image_series(image_name: str) -> tuple[str, ...]:
-    """The effective patch series of an image definition (images/<name>/image.toml, parents included)."""
-    from patchkit.images.definitions import load_image
-    from patchkit.patching.patchset import load_patchset
-
-    patchset = load_patchset(patches_home())
-    return load_image(images_home(), image_name, patchset).series
-
-
-def image_carries_quantprobe(image_name: str) -> bool:
-    """Does the image definition's series include the opt-in quantprobe patch?"""
-    return QUANTPROBE_PATCH in image_series(image_name)
-
 
 def _read(log: str) -> Iterator[tuple[str, bool]]:
     """The log's lines, streamed (never read whole): a regular file within the boot-log limit, or stdin;
@@ -97,11 +80,12 @@ def _render_hosts(reports) -> None:
         console.print(table)
 
 
-def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, as_json) -> None:
+def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, images_dir, as_json) -> None:
+    from patchkit.spark.checks import check_host
+    from patchkit.spark.commands import commands_for
     from patchkit.variants.definitions import find_variant
-    from patchkit.spark.checks import check_host, commands_for
 
-    chosen = find_variant(variant, images_home()) if variant else None
+    chosen = find_variant(variant, images_dir) if variant else None
     runners = [commands_for(h) for h in hosts]  # every --host parsed before any command runs
     reports = [check_host(r, chosen, image, checkpoint, kv_cache_dtype) for r in runners]
     ok = all(r.ok for r in reports)
@@ -129,23 +113,24 @@ def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, as_json) ->
 @click.option("--booted/--cut-short", default=True, show_default=True,
               help="--cut-short judges a log that ends before startup on purpose, e.g. captured mid-boot (no "
               "startup/KV failures, no end-of-log cause); by default such a log is a boot that did not come up.")
+@images_option
 @json_option
-def doctor(log, hosts, image, checkpoint, kv_cache_dtype, variant, quantprobe, booted, as_json):
+def doctor(log, hosts, image, checkpoint, kv_cache_dtype, variant, quantprobe, booted, images_dir, as_json):
     """Why did this boot fail (or did it)? Judge a recorded vLLM boot log (LOG, or - for stdin); or, with
     --host, is this Spark ready for its first serve?"""
     if hosts:
         if log is not None:
             raise PatchkitError(f"give a LOG or --host, not both (LOG {log!r})")
-        return _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, as_json)
+        return _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, images_dir, as_json)
     if log is None:
         raise PatchkitError("give a LOG to judge (or - for stdin), or --host to check a host")
     if image or checkpoint or kv_cache_dtype:
         raise PatchkitError("--image, --checkpoint and --kv-cache-dtype go with --host")
-    from patchkit.variants.definitions import find_variant
     from patchkit.bootlog.judge import judge_log
+    from patchkit.variants.definitions import find_variant
 
     # Unknown by default: every image carries the patch, but only the live smoke knows the switch was on.
-    chosen = find_variant(variant, images_home()) if variant else None
+    chosen = find_variant(variant, images_dir) if variant else None
     verdict = judge_log(_read(log), chosen, quantprobe, booted=booted)
     if as_json:
         click.echo(json.dumps({"log": log, "variant": chosen.name if chosen else None, **verdict.to_dict()}, indent=2))

@@ -17,6 +17,7 @@ import click
 from patchkit.cli import build, patching, upstream, variants
 from patchkit.cli.common import PatchkitGroup
 from patchkit.cli.doctor import doctor
+from patchkit.cli.options import cache_dir_option
 from patchkit.cli.schemas import schemas_command
 from patchkit.cli.verify import verify_command
 from patchkit.cli.wheel import wheel_group
@@ -26,6 +27,7 @@ __all__ = ["PatchkitGroup", "main"]
 
 @click.group(cls=PatchkitGroup)
 @click.version_option(package_name="patchkit")
+@cache_dir_option
 def main() -> None:
     """Anchor-asserted, fail-closed vLLM patches for GLM-5.3-Flash on DGX Spark."""
 

@@ -1,14 +1,25 @@
 """The options commands share, and where patches/ and images/ are when no option names them. Light on
-imports (click only), so `patchkit verify` can take them before it loads anything heavy."""
+imports (click only), so `patchkit verify` can take them before it loads anything heavy.
+
+Every command that reads the patch set takes `--patches`, every one that reads image or variant
+definitions `--images`; `--series NAME` comes with the `--images` its image name is looked up in. The
+group's `--cache-dir` (or PATCHKIT_CACHE_DIR, as uv's --cache-dir has UV_CACHE_DIR) is the one cache root
+patchkit.sources.cache.default_cache_root returns to every cache user, in this process and the ones it
+starts.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
 from patchkit import CHECKOUT
+
+JSON_MODE = "patchkit.json"  # ctx.meta key: the command was asked for --json (failures are JSON too)
+_IMAGES = "patchkit.images"  # ctx.meta key: the --images a --series name is looked up in
 
 
 def default_dir(name: str, env: str) -> Path:
@@ -29,6 +40,33 @@ def images_home() -> Path:
     return default_dir("images", "PATCHKIT_IMAGES")
 
 
+@dataclass(frozen=True)
+class SeriesChoice:
+    """`--series NAME` with the `--images` folder an image name is looked up in."""
+
+    name: str | None  # None or "full": the whole patch set
+    images_dir: Path
+
+
+def _remember_images(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+    ctx.meta[_IMAGES] = value or images_home()
+
+
+def _series_choice(ctx: click.Context, param: click.Parameter, value: str | None) -> SeriesChoice:
+    return SeriesChoice(value, ctx.meta.get(_IMAGES) or images_home())
+
+
+def _json_mode(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    ctx.meta[JSON_MODE] = value
+    return value
+
+
+def _cache_dir(ctx: click.Context, param: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        os.environ["PATCHKIT_CACHE_DIR"] = str(value)
+
+
+_IMAGES_HELP = "Image definitions directory (default: ./images, this checkout's, or $PATCHKIT_IMAGES)."
 patches_option = click.option(
     "--patches", "patches_dir", type=click.Path(path_type=Path), default=None,
     callback=lambda ctx, param, value: value or patches_home(),
@@ -36,12 +74,29 @@ patches_option = click.option(
 )
 images_option = click.option(
     "--images", "images_dir", type=click.Path(path_type=Path), default=None,
-    callback=lambda ctx, param, value: value or images_home(),
-    help="Image definitions directory (default: ./images, this checkout's, or $PATCHKIT_IMAGES).",
+    callback=lambda ctx, param, value: value or images_home(), help=_IMAGES_HELP,
 )
-series_option = click.option("--series", default=None, help="'full' (default) or an image name whose series to use.")
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def series_option(f):
+    """`--series NAME` and the `--images DIR` it is looked up in, given to the command as one `series`
+    (a SeriesChoice): an image name means nothing without its folder. --images is read first (eager)."""
+    f = click.option("--series", "series", default=None, callback=_series_choice,
+                     help="'full' (default) or an image name whose series to use.")(f)
+    return click.option("--images", type=click.Path(path_type=Path), default=None, expose_value=False,
+                        is_eager=True, callback=_remember_images, help=_IMAGES_HELP)(f)
+
+
+# Eager: set before any other option is read, so a bad value of one is reported as JSON too.
+json_option = click.option("--json", "as_json", is_flag=True, is_eager=True, callback=_json_mode,
+                           help="Machine-readable output (failures too: one JSON object on stdout).")
 assume_option = click.option(
     "--assume-version", "assumed", multiple=True, metavar="PKG=VER",
     help="Treat a package as this release (e.g. a dev-build base: vllm=0.30.0).",
+)
+cache_dir_option = click.option(
+    "--cache-dir", type=click.Path(path_type=Path, file_okay=False), envvar="PATCHKIT_CACHE_DIR",
+    expose_value=False, is_eager=True, callback=_cache_dir,
+    help="patchkit's cache (downloads, base blobs, engine reads, compile checks) [env: PATCHKIT_CACHE_DIR; "
+    "default: the user cache directory].",
 )

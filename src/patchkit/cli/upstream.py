@@ -15,7 +15,6 @@ record of the wrong shape, gh failing.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -61,7 +60,9 @@ def rebase(to, from_, patch_ids, write, no_tests, patches_dir, as_json):
         if no_tests:
             tests_note = "behaviour tests not run (--no-tests)"
         elif touched and version:
-            cache = Path(os.environ.get("PATCHKIT_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "patchkit")
+            from patchkit.sources.cache import default_cache_root  # --cache-dir / PATCHKIT_CACHE_DIR, as nox's
+
+            cache = default_cache_root()
             python = rb.test_environment(cache, version)
             if python is None:
                 tests_note = (f"no test environment for vLLM {version} under {cache / 'nox'}: build it with "

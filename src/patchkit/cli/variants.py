@@ -13,7 +13,15 @@ from pathlib import Path
 
 import click
 
-from patchkit.cli.common import console, err_console, images_home, json_option, load_series, patches_home
+from patchkit.cli.common import (
+    SeriesChoice,
+    console,
+    err_console,
+    images_option,
+    json_option,
+    load_series,
+    patches_option,
+)
 from patchkit.errors import PatchkitError
 
 pin_options = [
@@ -33,16 +41,20 @@ def with_pins(f):
 @click.option("--variant", help="Variant to check against (default: recognised by its pinned hashes).")
 @click.option("--tp", type=int, help="Tensor-parallel size for the per-rank memory estimate (default: the recipe's).")
 @with_pins
+@patches_option
+@images_option
 @json_option
-def preflight(path, variant, tp, pin_config, pin_index, as_json):
-    """Will this checkpoint load? Identity pins first, then safetensors headers only (no tensor data)."""
-    from patchkit.cli.doctor import image_series
-    from patchkit.variants.definitions import find_variant
+def preflight(path, variant, tp, pin_config, pin_index, patches_dir, images_dir, as_json):
+    """Will this checkpoint load in its variant's image? Identity pins first, then safetensors headers only
+    (no tensor data); the patches it needs against the image's series."""
+    from patchkit.checkpoint.preflight import detect_variant
     from patchkit.checkpoint.preflight import preflight as run
+    from patchkit.variants.definitions import find_variant
 
-    images = images_home()
-    report_ = run(path, variant=find_variant(variant, images) if variant else None, tp=tp,
-                  pin_config=pin_config, pin_index=pin_index, images_dir=images, series_of=image_series)
+    chosen = find_variant(variant, images_dir) if variant else detect_variant(path, images_dir)
+    patchset, series = load_series(patches_dir, SeriesChoice(chosen.image, images_dir))
+    report_ = run(path, chosen, series=[p.id for p in series], patchset=patchset, tp=tp,
+                  pin_config=pin_config, pin_index=pin_index)
     if as_json:
         click.echo(report_.to_json())
     else:
@@ -73,14 +85,15 @@ def check_loader(variant, load_format: str | None, images_dir: Path) -> None:
 @click.option("--load-format", type=click.Choice(LOAD_FORMATS), help="vLLM's weight loader instead of the "
               "variant's (off by default); instanttensor needs an image that pins it ([wheels.instanttensor]).")
 @with_pins
+@images_option
 @json_option
-def serve_args_cmd(variant, checkpoint, model, load_format, pin_config, pin_index, as_json):
+def serve_args_cmd(variant, checkpoint, model, load_format, pin_config, pin_index, images_dir, as_json):
     """The vLLM command line (and environment) for VARIANT; overrides only from a verified checkpoint."""
-    from patchkit.variants.definitions import find_variant
     from patchkit.checkpoint.serve import serve_args
+    from patchkit.variants.definitions import find_variant
 
-    chosen = find_variant(variant, images_home())
-    check_loader(chosen, load_format, images_home())
+    chosen = find_variant(variant, images_dir)
+    check_loader(chosen, load_format, images_dir)
     command = serve_args(chosen, checkpoint, pin_config, pin_index, model, load_format)
     click.echo(command.to_json() if as_json else command.shell())
     if not command.complete:
@@ -111,26 +124,27 @@ def serve_args_cmd(variant, checkpoint, model, load_format, pin_config, pin_inde
 @click.option("--workdir", type=click.Path(path_type=Path, file_okay=False), help="Where CPU smoke checkpoints go.")
 @click.option("--series", default=None, help="Series applied for the patched CPU run (default: each variant's image).")
 @with_pins
+@patches_option
+@images_option
 @json_option
 def smoke(variants, cpu, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr, gpus, boot_timeout,
-          health_interval, vllm_python, workdir, series, pin_config, pin_index, as_json):
+          health_interval, vllm_python, workdir, series, pin_config, pin_index, patches_dir, images_dir, as_json):
     """Prove a variant loads: --cpu here (stock vs patched vLLM), or on real hosts with --host."""
     from patchkit.variants.definitions import find_variant
 
-    images = images_home()
-    chosen = [find_variant(v, images) for v in variants]
+    chosen = [find_variant(v, images_dir) for v in variants]
     if cpu == bool(hosts):
         raise PatchkitError("give either --cpu or at least one --host")
     if cpu:
-        ok = _smoke_cpu(chosen, vllm_python, workdir, series, as_json)
+        ok = _smoke_cpu(chosen, vllm_python, workdir, series, patches_dir, images_dir, as_json)
     else:
         ok = _smoke_hosts(chosen, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr,
-                          pin_config, pin_index, as_json, gpus=gpus, boot_timeout=boot_timeout,
-                          health_interval=health_interval)
+                          pin_config, pin_index, patches_dir, images_dir, as_json, gpus=gpus,
+                          boot_timeout=boot_timeout, health_interval=health_interval)
     sys.exit(0 if ok else 1)
 
 
-def _smoke_cpu(variants, vllm_python, workdir, series, as_json) -> bool:
+def _smoke_cpu(variants, vllm_python, workdir, series, patches_dir, images_dir, as_json) -> bool:
     import tempfile
 
     from patchkit.patching.copies import installed_package, reuse_or_copy
@@ -139,10 +153,9 @@ def _smoke_cpu(variants, vllm_python, workdir, series, as_json) -> bool:
     python = vllm_python or sys.executable
     work = Path(workdir or tempfile.mkdtemp(prefix="patchkit-smoke-"))
     installed = installed_package("vllm", python)
-    patches_dir = patches_home()
     reports = []
     for variant in variants:
-        _, patches = load_series(patches_dir, series or variant.image)
+        _, patches = load_series(patches_dir, SeriesChoice(series or variant.image, images_dir))
         site = work / f"patched-{variant.name}"
         reuse_or_copy(installed, site, patches)
         reports += smoke_cpu([variant], work, python, python, None, "stock")
@@ -157,18 +170,20 @@ def _smoke_cpu(variants, vllm_python, workdir, series, as_json) -> bool:
 
 
 def _smoke_hosts(variants, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr, pin_config,
-                 pin_index, as_json, gpus="auto", boot_timeout=None, health_interval=5.0) -> bool:
-    from patchkit.cli.doctor import image_carries_quantprobe
+                 pin_index, patches_dir, images_dir, as_json, gpus="auto", boot_timeout=None,
+                 health_interval=5.0) -> bool:
     from patchkit.checkpoint.serve import serve_args
-    from patchkit.smoke.hardware import DockerRunner, host_name, run_smoke
+    from patchkit.smoke.containers import DockerRunner, host_name
+    from patchkit.smoke.hardware import run_smoke, switches_of
 
     if len(variants) != 1 or not image:
         raise PatchkitError("a hardware smoke takes one variant and --image")
     variant = variants[0]
     command = serve_args(variant, checkpoint, pin_config, pin_index, None)
+    _, series = load_series(patches_dir, SeriesChoice(variant.image, images_dir))  # what the image's patches ask
     runners = [DockerRunner(h, hf_cache, gpus=gpus) for h in hosts]
     result = run_smoke(variant, command, image, runners, url or f"http://{host_name(hosts[0])}:{variant.serve.port}",
-                       keep=keep, master_addr=master_addr, quantprobe=image_carries_quantprobe(variant.image),
+                       keep=keep, master_addr=master_addr, switches=switches_of(series),
                        boot_timeout_s=boot_timeout, health_interval_s=health_interval)
     if not receipt:  # the containers are gone: their logs are the evidence, so they are always kept
         import tempfile

@@ -13,9 +13,10 @@ import click
 
 from patchkit import PINNED_VLLM
 from patchkit.cli.common import (
+    SeriesChoice,
     console,
-    images_home,
     err_console,
+    images_option,
     json_option,
     load_series,
     patches_option,
@@ -37,21 +38,21 @@ def wheel_group() -> None:
 @click.option("--output", type=click.Path(path_type=Path, file_okay=False), default=Path("dist/wheels"),
               show_default=True, help="Folder the wheels are written to.")
 @patches_option
+@images_option
 @json_option
-def build_cmd(version, series_names, platforms, output, patches_dir, as_json):
+def build_cmd(version, series_names, platforms, output, patches_dir, images_dir, as_json):
     """Patch the release's wheel with each series; write `vllm-VERSION+glm53.HASH-...whl`, reproducibly."""
     from patchkit.wheels.build import build_wheel
     from patchkit.wheels.release import release_wheel
 
-    images = images_home()
-    names = series_names or tuple(sorted(p.parent.name for p in images.glob("*/image.toml")))
+    names = series_names or tuple(sorted(p.parent.name for p in images_dir.glob("*/image.toml")))
     built = []
     for arch in platforms or ARCHES:
         release = release_wheel(version, arch, progress=err_console.is_terminal)
         for name in names:
-            patchset, patches = load_series(patches_dir, name)
+            patchset, patches = load_series(patches_dir, SeriesChoice(name, images_dir))
             result = build_wheel(release, patches, name, output)
-            extras = _extra_wheels(images, name, patchset)
+            extras = _extra_wheels(images_dir, name, patchset)
             built.append({**result.summary(), "extras": extras})
             err_console.print(f"{name} ({arch}): {result.path.name}")
             for requirement in extras:  # the image's [wheels] are not inside vLLM's wheel: installed beside it

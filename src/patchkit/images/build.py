@@ -38,7 +38,7 @@ from patchkit.images.engine import build_with_engine, connect
 from patchkit.images.local import Loaded, build_local, find_local_base, prepare_local
 from patchkit.images.prepare import prepare
 from patchkit.oci.media import Platform
-from patchkit.oci.progress import Progress, Quiet, RichProgress
+from patchkit.oci.progress import Progress, Quiet
 from patchkit.patching.patchset import load_patchset
 from patchkit.sources.cache import FileCache, default_cache_root
 
@@ -78,15 +78,16 @@ def build(image_name: str, *, base: str | None = None, output: Path | str | None
           push: Sequence[str] = (), dry_run: bool = False, engine: bool = False, load: bool = False,
           engine_url: str | None = None, images_dir: Path | None = None, patches_dir: Path | None = None,
           epoch: int | None = None, revision: str | None = None, source_url: str | None = None,
-          cache: Path | None = None, console=None, quiet: bool = False) -> BuildResult:
+          cache: Path | None = None, progress: Progress | None = None) -> BuildResult:
     """`patchkit build IMAGE`: daemonless by default; `load=True` builds into the local engine from its
     copy of the base; `engine=True` builds FROM the registry base through a Docker-API engine.
 
     `cache` is the build's cache directory: base blobs, and the local route's engine reads in its files/
     (default: the user cache's oci/ and files/). `output` defaults to build/oci/<image> when nothing is
-    pushed; `push` refs without a tag get the computed `<vllm-version>-<series-hash>` tag. `dry_run` prints what would change and writes nothing.
+    pushed; `push` refs without a tag get the computed `<vllm-version>-<series-hash>` tag. `dry_run` reports
+    what would change and writes nothing. `progress` gets the notes and byte counts (default: none shown).
     """
-    progress: Progress = Quiet() if quiet else RichProgress(console)
+    progress = progress or Quiet()  # the caller renders: the CLI passes a RichProgress on its stderr console
     patchset = load_patchset(patches_dir or REPO_ROOT / "patches")
     image = load_image(images_dir or REPO_ROOT / "images", image_name, patchset)
     if load:

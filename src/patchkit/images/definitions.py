@@ -67,7 +67,7 @@ from packaging.version import InvalidVersion, Version
 from patchkit import tomlschema
 from patchkit.errors import PatchkitError
 from patchkit.images.schema import ImageFile
-from patchkit.patching.patchset import PatchSet
+from patchkit.patching.patchset import Patch, PatchSet
 from patchkit.sources.base import DISTRIBUTIONS
 
 IMAGE_FILE = "image.toml"
@@ -86,9 +86,7 @@ ARCH_ENV = {
     "CUTE_DSL_ARCH": "sm_121a",
     "CMAKE_CUDA_ARCHITECTURES": "121",
 }
-# Runtime switches a patch's code reads: set exactly when the patch is in the series, since a switch
-# without its code (or code without its switch) is an image that says one thing and does another.
-PATCH_ENV = {"nope-mla-pad": {"VLLM_MLA_NOPE_PAD_ROPE": "1"}}
+FULL_SERIES = "full"  # the series name of the whole patch set, in application order
 
 
 @dataclass(frozen=True)
@@ -193,7 +191,7 @@ def _resolve(name: str, raw: dict[str, tuple[Path, ImageFile]], images_dir: Path
     base_ref, base_source, platform = _base(doc, parent, where, why)
     packages = _packages(doc, parent, where, why)
     series = _series(doc, parent, patchset, where, why)
-    env = _env(doc, parent, series, where, why)
+    env = _env(doc, parent, series, patchset, where, why)
     labels = {**(parent.labels if parent else {}), **doc.labels}
     wheels = {**(parent.wheels if parent else {}), **_wheels(doc, platform, packages, where)}
     image = Image(name=name, title=doc.title, folder=path.parent, parent=doc.parent, base=base_ref,
@@ -328,7 +326,8 @@ def _checked(patchset: PatchSet, ids: list[str], at: str):
         raise PatchkitError(f"{at}: {exc}") from None
 
 
-def _env(doc: ImageFile, parent: Image | None, series: tuple[str, ...], where: str, why: dict) -> dict[str, str]:
+def _env(doc: ImageFile, parent: Image | None, series: tuple[str, ...], patchset: PatchSet, where: str,
+         why: dict) -> dict[str, str]:
     table = doc.env
     at = f"{where}: [env]"
     env = dict(parent.env) if parent else {}
@@ -346,13 +345,30 @@ def _env(doc: ImageFile, parent: Image | None, series: tuple[str, ...], where: s
         if env.get(key) != value:
             raise PatchkitError(f"{at}: {key} must be {value!r} (the GB10 sm_121a target), "
                                 f"found {env.get(key)!r}")
-    for pid, needed in PATCH_ENV.items():
-        for key, value in needed.items():
-            if pid in series and env.get(key) != value:
-                raise PatchkitError(f"{at}: the series has {pid}, whose code reads {key}: set it to {value!r}")
-            if pid not in series and key in env:
-                raise PatchkitError(f"{at}: {key} switches {pid}, which is not in the series: remove it")
+    # A patch's runtime switches (its patch.toml [image] env) are set exactly when the patch is in the
+    # series: a switch without its code (or code without its switch) is an image that says one thing and
+    # does another.
+    for patch in patchset.series():
+        for key, value in patch.image_env.items():
+            if patch.id in series and env.get(key) != value:
+                raise PatchkitError(f"{at}: the series has {patch.id}, whose code reads {key}: set it to {value!r}")
+            if patch.id not in series and key in env:
+                raise PatchkitError(f"{at}: {key} switches {patch.id}, which is not in the series: remove it")
     return env
+
+
+def series_named(name: str | None, images_dir: Path | str, patchset: PatchSet) -> list[Patch]:
+    """A series by its name: FULL_SERIES (or None) is the whole patch set, any other name the series of that
+    image of `images_dir` (parents included), each in application order. The patch set is the caller's
+    (read once from its folder), so one command reads each file once."""
+    if name in (None, FULL_SERIES):
+        return patchset.series()
+    images_dir = Path(images_dir)
+    if not (images_dir / name / IMAGE_FILE).is_file():
+        names = sorted(p.parent.name for p in images_dir.glob(f"*/{IMAGE_FILE}"))
+        raise PatchkitError(f"unknown series {name!r}: use {FULL_SERIES!r} or an image name of {images_dir} "
+                            f"({', '.join(names) or 'none'})")
+    return patchset.series(load_images(images_dir, patchset)[name].series)
 
 
 def mirrors(images: dict[str, Image], prefix: str, name: str | None = None) -> list[tuple[str, str]]:

@@ -23,6 +23,7 @@ from patchkit.tomlschema import InvalidDefinition
 from patchkit.untrusted import read_file
 from patchkit.patching.schema import (
     EditTable,
+    NeededWhenTable,
     PatchFile,
     SeriesFile,
     TrackedTable,
@@ -139,6 +140,10 @@ class Patch:
     test: str = ""       # which tests prove it
     drop_when: str = ""  # when upstream makes it unnecessary
     tracked: tuple[TrackedTable, ...] = ()  # upstream PRs/issues that would retire it ([[upstream.tracked]])
+    needed_when: NeededWhenTable | None = None  # when a checkpoint served as a variant needs it (checkpoint.needs)
+    image_env: dict[str, str] = field(default_factory=dict)  # [image] env: set in exactly the images carrying it
+    smoke_env: dict[str, str] = field(default_factory=dict)  # [smoke] env: what the hardware smoke switches on
+    smoke_markers: tuple[str, ...] = ()  # [smoke] markers: the boot-log lines its code then prints
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -233,7 +238,20 @@ def load_patch(toml_path: Path) -> Patch:
         test=doc.test or "",
         drop_when=doc.drop_when or "",
         tracked=tuple(doc.upstream.tracked),
+        needed_when=_needed_when(doc.needed_when, toml_path),
+        image_env=dict(doc.image.env) if doc.image else {},
+        smoke_env=dict(doc.smoke.env) if doc.smoke else {},
+        smoke_markers=tuple(doc.smoke.markers) if doc.smoke else (),
     )
+
+
+def _needed_when(table: NeededWhenTable | None, toml_path: Path) -> NeededWhenTable | None:
+    """A rule that names no condition would make every variant need the patch: refused."""
+    if table is not None and not (table.config or table.config_set or table.serve or table.quantized or table.spelling):
+        raise InvalidPatchFile(toml_path, "[needed_when]", "no-condition",
+                               "names no condition (config, config_set, serve, quantized or spelling); a patch "
+                               "every variant needs belongs in the root image's series instead")
+    return table
 
 
 def folder_digest(folder: Path) -> str:

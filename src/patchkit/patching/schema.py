@@ -64,6 +64,44 @@ class UpstreamedProbeTable(_Table):
     files: Paths | None = None
 
 
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="an environment variable name")]
+ConfigValue = int | float | bool | str
+
+
+class QuantizedTable(_Table):
+    """Modules a checkpoint's quant config quantizes that stock vLLM builds unquantized and this patch
+    builds with their entry (checkpoint.needs judges them module by module)."""
+
+    quant_algo: NonEmpty                # the checkpoint's declared ModelOpt quant_algo, e.g. MIXED_PRECISION
+    kinds: list[NonEmpty] = []          # module kinds (patchkit.checkpoint.inventory); none given: every kind
+    part: Literal["main", "mtp"] | None = None   # the target model or the MTP predictor; none given: both
+
+
+class NeededWhenTable(_Table):
+    """`[needed_when]`: when a checkpoint served as a variant needs the patch. Preflight refuses an image
+    whose series lacks it. Every condition given must hold, and at least one is given."""
+
+    why: NonEmpty                       # what breaks without it, for such a checkpoint
+    config: dict[NonEmpty, ConfigValue] = {}   # text-config keys with these values (vLLM's defaults for absent keys)
+    config_set: list[NonEmpty] = []     # text-config keys that are set (not null)
+    serve: dict[NonEmpty, ConfigValue] = {}    # the variant's [serve] fields with these values
+    quantized: QuantizedTable | None = None
+    spelling: Literal["nested"] | None = None  # the index names tensors in transformers' nested spelling
+
+
+class ImageTable(_Table):
+    """`[image]`: what every image carrying the patch sets, and an image without it must not."""
+
+    env: dict[EnvName, str]             # runtime switches the patch's code reads
+
+
+class SmokeTable(_Table):
+    """`[smoke]`: what the hardware smoke sets on an image carrying the patch, and what it then requires."""
+
+    env: dict[EnvName, str]             # switches that turn the patch's output on for the smoke
+    markers: list[NonEmpty] = []        # boot-log markers (patchkit.bootlog.markers) the patch prints then
+
+
 class PatchFile(_Table):
     """patches/<id>/patch.toml"""
 
@@ -79,6 +117,9 @@ class PatchFile(_Table):
     drop_when: NonEmpty | None = None   # when upstream makes it unnecessary
     packages: dict[str, NonEmpty] = {}  # other packages it patches, each with its range
     upstreamed: UpstreamedProbeTable | None = None
+    needed_when: NeededWhenTable | None = None
+    image: ImageTable | None = None
+    smoke: SmokeTable | None = None
 
 
 class SeriesFile(_Table):

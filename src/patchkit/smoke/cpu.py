@@ -24,23 +24,15 @@ from patchkit.smoke.quantprobe import (
 )
 from patchkit.smoke.synthetic_layout import LAYOUTS, TINY_DIMS
 
-# Kept for the modules that import the checkpoint model from here (tests/test_checkpoint.py,
-# test_preflight.py, test_serve.py); new code imports synthetic_layout / synthetic_config directly.
-from patchkit.smoke.synthetic_config import write_header_set  # noqa: F401  isort: skip
-from patchkit.smoke.synthetic_layout import REAL_DIMS, modules, tensor_headers  # noqa: F401  isort: skip
-
 
 def _job(variant, workdir: Path, exclude_mtp: bool | None = None) -> tuple[dict, dict[str, str]]:
     """Identity, then the serve override from the verified config, then the stored formats: the same
     path serve-args takes. `exclude_mtp=False` withholds the override (to show what it fixes)."""
-    from patchkit.checkpoint.headers import (
-        inventory,
-        read_headers,
-        sha256_bytes,
-        verify_identity,
-    )
-    from patchkit.variants.definitions import Pins
+    from patchkit.checkpoint.headers import read_headers
+    from patchkit.checkpoint.identity import sha256_bytes, verify_identity
+    from patchkit.checkpoint.inventory import inventory
     from patchkit.checkpoint.mtp_ignore import hf_overrides
+    from patchkit.variants.definitions import Pins
 
     ckpt = workdir / variant.name
     pins = Pins(sha256_bytes((ckpt / "config.json").read_bytes()), sha256_bytes((ckpt / "model.safetensors.index.json").read_bytes()))

@@ -1,13 +1,16 @@
 """Judging a quantprobe table: each layer's resolved algorithm against the variant's expected rows and
-against the storage format its loader can read."""
+against the storage format its loader can read (vllm_rules.loads, the table preflight reads too)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-# Resolved algorithm -> storage formats its loader reads (the same table preflight uses).
-LOADS = {"NVFP4": {"NVFP4", "NVFP4-CT"}, "W4A16_NVFP4": {"NVFP4", "NVFP4A16"}, "MXFP8": {"MXFP8"}, "None": {"BF16"}}
+from patchkit.vllm_rules import loads
+
+if TYPE_CHECKING:  # the smoke's workers import this module where only the standard library is sure
+    from patchkit.variants.definitions import Variant
 
 
 @dataclass
@@ -40,7 +43,7 @@ class SmokeReport:
         return Group(table, *lines)
 
 
-def judge(variant, rows: list[dict], stored: dict[str, str], label: str) -> SmokeReport:
+def judge(variant: Variant, rows: list[dict], stored: dict[str, str], label: str) -> SmokeReport:
     """Compare the resolved table with the variant's expected rows and with what the weights need."""
     expected = {r.prefix: r for r in variant.expect.quantprobe}
     problems = []
@@ -53,7 +56,7 @@ def judge(variant, rows: list[dict], stored: dict[str, str], label: str) -> Smok
             verdicts.append(f"expected {want.algo}")
         # The indexer's fused wk_weights_proj is always built BF16; its loader (not run here) decides
         # whether quantized wk/weights_proj tensors are dequantized into it (patched) or not (stock).
-        if row["built"] != "none" and row["stored"] not in LOADS.get(row["algo"], set()):
+        if row["built"] != "none" and row["stored"] not in loads(variant.checkpoint.format, row["algo"]):
             verdicts.append(f"weights stored {row['stored']} cannot load as {row['algo']}")
         row["verdict"] = "; ".join(verdicts) or "ok"
         if verdicts:

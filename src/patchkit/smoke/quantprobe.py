@@ -12,6 +12,7 @@ from pathlib import Path
 
 from patchkit.errors import PatchkitError
 from patchkit.smoke.synthetic_layout import PREFIX, Dims, Layout, is_kda
+from patchkit.vllm_rules import EXPERT_PROJECTIONS, module_prefix
 
 SRC = Path(__file__).resolve().parents[2]  # the directory holding the patchkit package
 
@@ -34,8 +35,8 @@ def probe_prefixes(layout: Layout, d: Dims) -> list[tuple[str, str, str, str]]:
     last = d.layers + (d.mtp_layers if layout.has_mtp else 0)
     for layer in range(last):
         mtp = layer >= d.layers
-        vp = f"model.layers.{layer}" if mtp else f"language_model.model.layers.{layer}"
         hp = f"{PREFIX}.layers.{layer}"
+        vp = module_prefix(hp, mtp)
         a = "attention"
         if is_kda(layer) and not mtp:
             rows += [("LinearBase", f"{vp}.self_attn.in_proj_qkvbfg_a", f"{hp}.self_attn.q_proj", a)]
@@ -52,7 +53,7 @@ def probe_prefixes(layout: Layout, d: Dims) -> list[tuple[str, str, str, str]]:
             rows += [("RoutedExperts", f"{vp}.mlp.experts", f"{hp}.mlp.experts.0.gate_proj", "model"),
                      ("LinearBase", f"{vp}.mlp.shared_experts.gate_up_proj", f"{hp}.mlp.shared_experts.gate_proj", "model"),
                      ("LinearBase", f"{vp}.mlp.shared_experts.down_proj", f"{hp}.mlp.shared_experts.down_proj", "model")]
-    rows.append(("LinearBase", "language_model.lm_head", "lm_head", "model"))
+    rows.append(("LinearBase", module_prefix("lm_head"), "lm_head", "model"))
     return rows
 
 
@@ -117,7 +118,7 @@ def _algo(qc, method: str, layer: str, prefix: str) -> str:
         if layer == "RoutedExperts":
             qc._add_fused_moe_to_target_scheme_map()
             experts = object.__new__(RoutedExperts)
-            schemes = [qc.get_scheme_dict(experts, f"{prefix}.0.{p}") for p in ("gate_proj", "up_proj", "down_proj")]
+            schemes = [qc.get_scheme_dict(experts, f"{prefix}.0.{p}") for p in EXPERT_PROJECTIONS]
             if any(s != schemes[0] for s in schemes):
                 raise PatchkitError(f"{prefix}: its expert projections resolve to different schemes; vLLM refuses the layer")
             scheme = schemes[0]

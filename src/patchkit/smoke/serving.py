@@ -21,8 +21,8 @@ from typing import Annotated
 
 import msgspec
 
-from patchkit.jsondata import decode
 from patchkit.bootlog.judge import Finding
+from patchkit.jsondata import decode
 
 THINK_TAGS = ("<think>", "</think>")
 REPLACEMENT = "\ufffd"

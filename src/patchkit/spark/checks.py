@@ -2,9 +2,9 @@
 with its fix.
 
 Every check reads what a real tool prints (`uname -m`, `nvidia-smi --query-gpu=...`, `nvcc --version`,
-`free -b`, `id`, `docker version`, `printenv`, `test -r`) through one small interface, `Commands.run(argv)`:
-`LocalCommands` runs them here, `SshCommands` as `ssh HOST -- CMD`, and the tests feed recorded outputs of
-the real tools through the same interface. A tool that is absent is a finding (with its fix), not an
+`free -b`, `id`, `docker version`, `printenv`, `test -r`) through one small interface, `Commands.run(argv)`
+(commands.py): `LocalCommands` runs them here, `SshCommands` as `ssh HOST -- CMD`, and the tests feed
+recorded outputs of the real tools through the same interface. A tool that is absent is a finding (with its fix), not an
 error; a host that cannot be reached at all is bad input (exit 2).
 
 What the checks hold a host to, and why:
@@ -26,127 +26,25 @@ What the checks hold a host to, and why:
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import signal
-import subprocess
-import threading
 from dataclasses import asdict, dataclass
-from typing import Protocol
 
-from patchkit.errors import PatchkitError
-from patchkit.untrusted import read_stream
+from patchkit.checkpoint.identity import CONFIG, INDEX
+from patchkit.checkpoint.memory import ACTIVATION_RESERVE_GIB, GIB
+from patchkit.images.definitions import ARCH_ENV
+from patchkit.spark.commands import IMAGE_TIMEOUT_S, NOT_FOUND, TIMEOUT_S, Commands, Output
 from patchkit.variants.definitions import Variant
-from patchkit.checkpoint.preflight import ACTIVATION_RESERVE_GIB
 
-GIB = 1 << 30
 SPARK_ARCH = "aarch64"
 SPARK_COMPUTE_CAP = "12.1"
 CUDA_MAJOR = 13
 CUDA13_MIN_DRIVER = (580, 65, 6)  # CUDA 13.0 release notes: the minimum Linux driver
 MIN_DOCKER_API = (1, 40)  # DeviceRequests (--gpus) arrived with API 1.40 (Docker 19.03)
-ARCH_VARIABLES = {"TORCH_CUDA_ARCH_LIST": "12.1a", "FLASHINFER_CUDA_ARCH_LIST": "12.1f"}
+# The arch variables vLLM's and FlashInfer's run-time compiles read, as every image sets them.
+ARCH_VARIABLES = {name: ARCH_ENV[name] for name in ("TORCH_CUDA_ARCH_LIST", "FLASHINFER_CUDA_ARCH_LIST")}
 NVFP4_KV_CAPS = ("10.0", "10.3", "11.0")  # sm_100f / sm_110f: where the 0.30-0.33 wheels' NVFP4 KV kernels run
 GPU_QUERY = ("nvidia-smi", "--query-gpu=name,compute_cap,driver_version,memory.total", "--format=csv,noheader")
-TIMEOUT_S = 30.0
-IMAGE_TIMEOUT_S = 300.0  # `docker run --rm IMAGE nvcc --version` may first pull the image
-NOT_FOUND = 127  # what a shell answers for a command it cannot find; LocalCommands answers the same
-
-
-@dataclass(frozen=True)
-class Output:
-    """What a command printed (stdout and stderr together) and its exit status; `code` None: timed out."""
-
-    code: int | None
-    text: str
-
-
-class Commands(Protocol):
-    """Where the checks run their commands: `where` names the host in every finding."""
-
-    where: str
-
-    def run(self, argv: tuple[str, ...], timeout: float = TIMEOUT_S) -> Output: ...
-
-
-class HostUnreachable(PatchkitError):
-    """ssh could not reach or log in to the host (exit 2): no check can say anything of it."""
-
-    def __init__(self, host: str, detail: str):
-        self.host, self.detail = host, detail
-        super().__init__(f"{host}: cannot run commands there over ssh: {detail}")
-
-
-def _bounded(argv: list[str], timeout: float, what: str) -> Output:
-    """Run `argv`, reading at most the tool-output limit of what it prints; killed (its whole process
-    group) at `timeout`."""
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    except FileNotFoundError:
-        return Output(NOT_FOUND, f"{argv[0]}: command not found")
-    except OSError as exc:
-        return Output(NOT_FOUND, f"{argv[0]}: cannot be run: {exc.strerror or exc}")
-    expired = threading.Event()
-
-    def kill() -> None:
-        expired.set()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-    timer = threading.Timer(timeout, kill)
-    timer.start()
-    try:
-        data = read_stream(proc.stdout, "tool-output", what)
-    except BaseException:
-        kill()
-        raise
-    finally:
-        timer.cancel()
-        proc.stdout.close()
-        proc.wait()
-    return Output(None if expired.is_set() else proc.returncode, data.decode("utf-8", "replace"))
-
-
-class LocalCommands:
-    """This machine."""
-
-    where = "local"
-
-    def run(self, argv: tuple[str, ...], timeout: float = TIMEOUT_S) -> Output:
-        return _bounded(list(argv), timeout, f"the output of `{shlex.join(argv)}`")
-
-
-class SshCommands:
-    """`ssh://[user@]host[:port]`, through the system's ssh client (keys and ~/.ssh/config as for a login;
-    BatchMode: never a password prompt). ssh's own exit status 255 is a host not reached."""
-
-    def __init__(self, url: str):
-        if not url.startswith("ssh://") or not url[len("ssh://"):]:
-            raise PatchkitError(f"--host {url!r}: give `local` or ssh://[USER@]HOST[:PORT]")
-        self.where = url
-        rest = url[len("ssh://"):].rstrip("/")
-        dest, _, port = rest.rpartition(":") if ":" in rest.split("@")[-1] else (rest, "", "")
-        if port and not port.isdigit():
-            raise PatchkitError(f"--host {url!r}: the port {port!r} is not a number")
-        self.dest, self.port = dest, port
-
-    def run(self, argv: tuple[str, ...], timeout: float = TIMEOUT_S) -> Output:
-        ssh = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *(["-p", self.port] if self.port else []),
-               self.dest, "--", shlex.join(argv)]
-        out = _bounded(ssh, timeout, f"{self.where}: the output of `{shlex.join(argv)}`")
-        if out.code == 255:
-            raise HostUnreachable(self.where, out.text.strip()[-500:] or "ssh exited 255")
-        if out.code == NOT_FOUND and not out.text and argv:  # the remote shell's "not found" is on its stderr
-            return Output(NOT_FOUND, f"{argv[0]}: command not found")
-        return out
-
-
-def commands_for(host: str) -> Commands:
-    return LocalCommands() if host in ("local", "localhost") else SshCommands(host)
 
 
 @dataclass(frozen=True)
@@ -399,7 +297,7 @@ def check_memory(commands: Commands, variant: Variant | None) -> Check:
     return Check("memory", "ok", found, "", _cmd(argv))
 
 
-CHECKPOINT_FILES = ("config.json", "model.safetensors.index.json")
+CHECKPOINT_FILES = (CONFIG, INDEX)
 
 
 def check_checkpoint(commands: Commands, path: str) -> Check:

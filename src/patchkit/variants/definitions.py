@@ -69,10 +69,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from patchkit import CHECKOUT, tomlschema
+from patchkit import tomlschema
 from patchkit.errors import PatchkitError
-from patchkit.vllm_rules import check_method, expected_method
 from patchkit.variants.schema import CheckpointTable, ExpectTable, ServeTable, VariantFile
+from patchkit.vllm_rules import check_method, expected_method
 
 VARIANT_FILE = "variant.toml"
 T = TypeVar("T")
@@ -286,17 +286,9 @@ def _expect(table: ExpectTable, path: Path) -> Expect:
                   accept_length=band and (float(band[0]), float(band[1])))
 
 
-def default_images_dir() -> Path:
-    """The repository's images/ directory (patchkit runs from a checkout; images are not packaged)."""
-    candidate = CHECKOUT / "images"
-    if not candidate.is_dir():
-        raise PatchkitError(f"no images directory at {candidate}; pass the images directory explicitly")
-    return candidate
-
-
-def load_variants(images_dir: Path | None = None) -> dict[str, Variant]:
-    """Every images/*/variant.toml, keyed by name; names and aliases must be unique."""
-    root = images_dir or default_images_dir()
+def load_variants(images_dir: Path) -> dict[str, Variant]:
+    """Every <images_dir>/*/variant.toml, keyed by name; names and aliases must be unique."""
+    root = Path(images_dir)
     variants: dict[str, Variant] = {}
     names: dict[str, str] = {}
     for path in sorted(root.glob(f"*/{VARIANT_FILE}")):
@@ -311,7 +303,7 @@ def load_variants(images_dir: Path | None = None) -> dict[str, Variant]:
     return variants
 
 
-def find_variant(name: str, images_dir: Path | None = None) -> Variant:
+def find_variant(name: str, images_dir: Path) -> Variant:
     """A variant by name or alias (e.g. `lab` or `nvfp4-spark`)."""
     variants = load_variants(images_dir)
     for variant in variants.values():

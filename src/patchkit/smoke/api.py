@@ -1,0 +1,113 @@
+"""The served API as the hardware smoke exercises it: /health polled (not /v1/models, which answers 200
+while the engine is dead), one chat completion with low reasoning effort and `max_tokens` >= 256, and a
+corruption probe (U+FFFD in the replies to a Hangul/CJK prompt). Every answer is read bounded."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import requests
+
+from patchkit.errors import PatchkitError
+from patchkit.untrusted import InputTooLarge, read_stream
+
+MIN_MAX_TOKENS = 256  # field records "Measured recipes": max_tokens 48 can end in content null, finish "length"
+CHAT_PROMPT = "Reply with one short sentence: what is 17 times 3?"
+# Hangul and CJK: a broken byte-level detokenizer or a corrupt expert shows up as U+FFFD here first.
+PROBE_PROMPT = "다음 문장을 한국어와 중국어로 각각 한 번씩 번역하세요: 'The river is quiet tonight.' 请只输出两句译文。"
+REPLACEMENT = "\ufffd"
+
+
+@dataclass
+class Health:
+    ok: bool
+    seconds: float
+    attempts: int
+    last: str
+
+
+def wait_healthy(
+    base_url: str,
+    deadline_s: float,
+    interval_s: float = 5.0,
+    alive: Callable[[], bool] = lambda: True,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Health:
+    """Poll GET /health until 200, the deadline, or `alive()` saying the engine is gone."""
+    start = clock()
+    attempts, last = 0, "not polled"
+    while clock() - start < deadline_s:
+        attempts += 1
+        try:
+            with requests.get(f"{base_url}/health", timeout=max(1.0, interval_s), stream=True) as response:
+                pass  # the status is the answer: its body is never read
+            if response.status_code == 200:
+                return Health(True, clock() - start, attempts, "200")
+            last = f"HTTP {response.status_code}"
+        except requests.RequestException as exc:
+            last = type(exc).__name__
+        if not alive():
+            return Health(False, clock() - start, attempts, f"{last}; the container exited")
+        sleep(interval_s)
+    return Health(False, clock() - start, attempts, f"{last}; deadline {deadline_s:.0f} s passed")
+
+
+def chat(base_url: str, model: str, prompt: str, max_tokens: int = MIN_MAX_TOKENS, timeout: float = 600) -> dict:
+    """One chat completion with low reasoning effort (other values select MAX effort, field records "The 4p67 recipe")."""
+    if max_tokens < MIN_MAX_TOKENS:
+        raise PatchkitError(f"max_tokens must be >= {MIN_MAX_TOKENS}: reasoning can use up a shorter budget")
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "chat_template_kwargs": {"reasoning_effort": "low"},
+    }
+    start = time.monotonic()
+    try:
+        with requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=timeout, stream=True) as response:
+            response.raw.decode_content = True  # a compressed answer is bounded as decoded, not as sent
+            data = read_stream(response.raw, "api-answer", f"{base_url}/v1/chat/completions")
+    except requests.RequestException as exc:  # the engine died or stalled after /health answered
+        return {"ok": False, "error": f"no answer: {type(exc).__name__}", "seconds": time.monotonic() - start}
+    except InputTooLarge as exc:
+        return {"ok": False, "error": str(exc), "seconds": time.monotonic() - start}
+    seconds = time.monotonic() - start
+    text = data.decode("utf-8", "replace")
+    if response.status_code != 200:
+        return {"ok": False, "error": f"HTTP {response.status_code}: {text[:500]}", "seconds": seconds}
+    try:
+        answer = json.loads(text)
+        choice = answer["choices"][0]
+        message = choice["message"]
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
+        return {"ok": False, "error": f"not a chat completion: {text[:500]}", "seconds": seconds}
+    content = message.get("content") or "" if isinstance(message, dict) else None
+    reasoning = (message.get("reasoning_content") or message.get("reasoning") or "") if isinstance(message, dict) else None
+    if not isinstance(choice, dict) or not isinstance(content, str) or not isinstance(reasoning, str):
+        return {"ok": False, "error": f"not a chat completion: {text[:500]}", "seconds": seconds}
+    return {
+        "ok": bool(content),
+        "error": "" if content else f"empty content (finish_reason {choice.get('finish_reason')})",
+        "content": content,
+        "reasoning": reasoning,
+        "finish_reason": choice.get("finish_reason"),
+        "usage": answer.get("usage") if isinstance(answer, dict) else None,
+        "seconds": seconds,
+    }
+
+
+def corruption_probe(base_url: str, model: str, runs: int = 3) -> dict:
+    """Count U+FFFD in replies to a Hangul/CJK prompt; any replacement character fails the probe."""
+    counts, errors = [], []
+    for _ in range(runs):
+        reply = chat(base_url, model, PROBE_PROMPT, max_tokens=512)
+        if not reply["ok"] and "content" not in reply:
+            errors.append(reply["error"])
+            continue
+        counts.append((reply["content"] + reply["reasoning"]).count(REPLACEMENT))
+    return {"runs": runs, "replacement_chars": counts, "errors": errors, "ok": not errors and len(counts) == runs and not any(counts)}

@@ -65,16 +65,15 @@ def preflight(path, variant, tp, pin_config, pin_index, patches_dir, images_dir,
 LOAD_FORMATS = ("auto", "safetensors", "instanttensor")
 
 
-def check_loader(variant, load_format: str | None, images_dir: Path) -> None:
+def check_loader(variant, load_format: str | None, images_dir: Path, patches_dir: Path) -> None:
     """The loader served (the option's, else the variant's) must find its package in the variant's image."""
-    from patchkit.cli.options import patches_home
     from patchkit.images.definitions import load_image
     from patchkit.images.extras import LOAD_FORMAT_PACKAGES, check_load_format
     from patchkit.patching.patchset import load_patchset
 
     wanted = load_format or variant.serve.load_format
     if wanted in LOAD_FORMAT_PACKAGES:
-        check_load_format(load_image(images_dir, variant.image, load_patchset(patches_home())), wanted)
+        check_load_format(load_image(images_dir, variant.image, load_patchset(patches_dir)), wanted)
 
 
 @click.command("serve-args")
@@ -85,15 +84,16 @@ def check_loader(variant, load_format: str | None, images_dir: Path) -> None:
 @click.option("--load-format", type=click.Choice(LOAD_FORMATS), help="vLLM's weight loader instead of the "
               "variant's (off by default); instanttensor needs an image that pins it ([wheels.instanttensor]).")
 @with_pins
+@patches_option
 @images_option
 @json_option
-def serve_args_cmd(variant, checkpoint, model, load_format, pin_config, pin_index, images_dir, as_json):
+def serve_args_cmd(variant, checkpoint, model, load_format, pin_config, pin_index, patches_dir, images_dir, as_json):
     """The vLLM command line (and environment) for VARIANT; overrides only from a verified checkpoint."""
     from patchkit.checkpoint.serve import serve_args
     from patchkit.variants.definitions import find_variant
 
     chosen = find_variant(variant, images_dir)
-    check_loader(chosen, load_format, images_dir)
+    check_loader(chosen, load_format, images_dir, patches_dir)
     command = serve_args(chosen, checkpoint, pin_config, pin_index, model, load_format)
     click.echo(command.to_json() if as_json else command.shell())
     if not command.complete:

@@ -52,8 +52,12 @@ def test_ptxas_report_of_both_targets_on_recorded_flashinfer_output():
 
 def test_an_entry_without_its_usage_line_is_refused():
     text = "ptxas info    : Compiling entry function '_Z1kv' for 'sm_121a'\nptxas info    : Compile time = 1 ms\n"
-    with pytest.raises(ptxas.PtxasOutputError, match="_Z1kv"):
+    with pytest.raises(ptxas.PtxasOutputError) as info:
         ptxas.parse(text, "cut short")
+    assert (info.value.what, info.value.kernel, info.value.arch, info.value.problem) == (
+        "cut short", "_Z1kv", "sm_121a", "no-usage")
+    assert str(info.value) == ("cut short: ptxas named entry _Z1kv for sm_121a but printed no 'Used N registers' "
+                               "line for it (expected nvcc -Xptxas -v output)")
 
 
 # Hand-written (not from any release): a kernel with 32 KiB of static shared memory whose launcher asks for

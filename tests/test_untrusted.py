@@ -3,12 +3,13 @@ them, sparse giants and endless lines are refused or cut, never read whole, neve
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 
 import pytest
 
-from patchkit.untrusted import InputTooLarge, NotARegularFile, lines, read_file, read_stream
+from patchkit.untrusted import InputTooLarge, NotARegularFile, UnreadableFile, lines, read_file, read_stream
 
 
 def test_a_fifo_is_refused_without_blocking(tmp_path):
@@ -49,6 +50,19 @@ def test_the_limit_is_raised_by_its_environment_variable(tmp_path, monkeypatch):
         read_file(f, "config")
     monkeypatch.setenv("PATCHKIT_LIMIT_CONFIG", "100")
     assert read_file(f, "config") == b"x" * 100
+
+
+def test_a_missing_or_unreadable_file_names_itself_and_the_systems_reason(tmp_path):
+    with pytest.raises(UnreadableFile) as info:
+        read_file(tmp_path / "absent.json", "config")
+    assert (info.value.what, info.value.reason, info.value.errno) == (str(tmp_path / "absent.json"), "not found",
+                                                                      errno.ENOENT)
+    assert str(info.value) == f"{tmp_path / 'absent.json'}: not found"
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to(tmp_path / "gone")
+    with pytest.raises(UnreadableFile) as info:
+        read_file(dangling, "config", "the config")
+    assert (info.value.what, info.value.errno) == ("the config", errno.ENOENT)
 
 
 def test_a_link_to_a_regular_file_is_followed(tmp_path):

@@ -25,11 +25,10 @@ from test_sources import FakeIndex, free_port, sdist_bytes
 from patchkit import PINNED_VLLM
 from patchkit.cli.main import PatchkitGroup
 from patchkit.cli.verify import verify_command
-from patchkit.errors import PatchkitError
 from patchkit.sources import open_source
 from patchkit.sources.cache import ArchiveCache
 from patchkit.verify.states import CellState
-from patchkit.verify.targets import parse_versions
+from patchkit.verify.targets import InvalidVersions, parse_versions
 
 REPO = Path(__file__).resolve().parents[1]
 RELEASES = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
@@ -124,9 +123,11 @@ def test_versions_are_a_list_or_a_pep440_range():
     ranged = parse_versions(">=0.30,<0.34")
     assert ranged.admits(Version("0.34.0rc1")) is False and ranged.admits(Version("0.33.1rc1"))
     assert parse_versions(None).admits(Version(PINNED_VLLM)) and not parse_versions(None).admits(Version("0.32.9"))
-    for bad, message in [("nonsense", "not a version"), ("0.30.0,>=0.31", "neither a list"), (" ", "empty")]:
-        with pytest.raises(PatchkitError, match=message):
+    for bad, value, problem in [("nonsense", "nonsense", "not-a-version"), ("0.30.0,>=0.31", "0.30.0,>=0.31", "mixed"),
+                                (" ", "", "empty")]:
+        with pytest.raises(InvalidVersions) as info:
             parse_versions(bad)
+        assert (info.value.value, info.value.problem) == (value, problem)
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,9 @@ _AT = re.compile(r"^(?P<problem>.*?)(?: - at `(?P<at>\$[^`]*)`)?$", re.S)
 
 
 class MalformedJson(PatchkitError):
-    """A JSON document that does not parse or has the wrong shape (exit 2). `at` is the JSON path of the
-    offending value ("$" for the document itself), `problem` what was expected and found."""
+    """A JSON document that does not parse or has the wrong shape (exit 2). `what` names the document,
+    `at` is the JSON path of the offending value ("$" for the document itself), `problem` what was
+    expected and found."""
 
     def __init__(self, what: str, problem: str, at: str = "$"):
         self.what, self.problem, self.at = what, problem, at

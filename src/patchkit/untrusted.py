@@ -72,7 +72,9 @@ LIMITS = {limit.kind: limit for limit in (
 
 
 class InputTooLarge(PatchkitError):
-    """An input past the limit declared for its kind (exit 2)."""
+    """An input past the limit declared for its kind (exit 2): `what` names it, `kind` the kind of input
+    (a key of LIMITS), `limit` its limit in bytes, `size` its size (None when it was not told and only
+    found to be more)."""
 
     def __init__(self, what: str, kind: str, limit: int, size: int | None = None):
         self.what, self.kind, self.limit, self.size = what, kind, limit, size
@@ -83,11 +85,22 @@ class InputTooLarge(PatchkitError):
 
 
 class NotARegularFile(PatchkitError):
-    """A FIFO, device, socket or directory where a file is expected (exit 2)."""
+    """A FIFO, device, socket or directory where a file is expected (exit 2): `what` names it, `found`
+    what it is ("FIFO", "directory"...)."""
 
     def __init__(self, what: str, found: str):
         self.what, self.found = what, found
         super().__init__(f"{what}: is a {found}, not a regular file; refused unread")
+
+
+class UnreadableFile(PatchkitError):
+    """A file that is missing or that the system will not let patchkit read (exit 2): `what` names it,
+    `reason` the system's why ("not found" for a missing one), `errno` its error number (None when not
+    the system's)."""
+
+    def __init__(self, what: str, reason: str, errno: int | None = None):
+        self.what, self.reason, self.errno = what, reason, errno
+        super().__init__(f"{what}: not found" if reason == "not found" else f"{what}: cannot be read: {reason}")
 
 
 def _kind_of(mode: int) -> str:
@@ -104,16 +117,16 @@ def limit_of(kind: str) -> int:
 
 def open_regular(path: Path | str, kind: str, what: str | None = None) -> BinaryIO:
     """`path` opened for reading: never blocks on a FIFO, refuses anything but a regular file within `kind`'s
-    limit. A missing or unreadable file is a PatchkitError naming it."""
+    limit. A missing or unreadable file is an UnreadableFile naming it."""
     what = what or str(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise PatchkitError(f"{what}: not found") from None
+    except FileNotFoundError as exc:
+        raise UnreadableFile(what, "not found", exc.errno) from None
     except IsADirectoryError:
         raise NotARegularFile(what, "directory") from None
     except OSError as exc:
-        raise PatchkitError(f"{what}: cannot be read: {exc.strerror or exc}") from None
+        raise UnreadableFile(what, exc.strerror or str(exc), exc.errno) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -135,7 +148,7 @@ def read_file(path: Path | str, kind: str, what: str | None = None) -> bytes:
         try:
             return read_stream(f, kind, what)
         except OSError as exc:
-            raise PatchkitError(f"{what}: cannot be read: {exc.strerror or exc}") from None
+            raise UnreadableFile(what, exc.strerror or str(exc), exc.errno) from None
 
 
 def read_stream(stream: BinaryIO, kind: str, what: str, limit: int | None = None) -> bytes:

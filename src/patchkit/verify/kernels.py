@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit.errors import PatchkitError
-from patchkit.untrusted import InputTooLarge, limit_of
+from patchkit.untrusted import InputTooLarge, UnreadableFile, limit_of
 
 FATBIN_MAGIC = 0xBA55ED50
 KIND = {1: "ptx", 2: "sass"}
@@ -43,7 +43,8 @@ GB10_SM = 121
 
 
 class FatbinError(PatchkitError):
-    """A compiled extension whose ELF or fat binary is malformed (exit 2)."""
+    """A compiled extension whose ELF or fat binary is malformed (exit 2): `what` names the member,
+    `problem` what is wrong with it (where in the file, what was expected)."""
 
     def __init__(self, what: str, problem: str):
         self.what, self.problem = what, problem
@@ -233,7 +234,7 @@ def census(wheel: Path, needs: tuple[Need, ...] = NEEDS) -> Census:
     try:
         archive = zipfile.ZipFile(wheel)
     except (OSError, zipfile.BadZipFile) as exc:
-        raise PatchkitError(f"{wheel}: not a readable wheel: {exc}") from None
+        raise UnreadableFile(str(wheel), f"not a readable wheel ({exc})", getattr(exc, "errno", None)) from None
     with archive, tempfile.TemporaryDirectory(prefix="patchkit-census-") as tmp:
         for info in archive.infolist():
             if not info.filename.endswith(".so") or info.is_dir():

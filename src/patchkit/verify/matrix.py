@@ -40,6 +40,19 @@ from patchkit.verify.states import CellState
 from patchkit.verify.targets import Target, open_target
 
 
+class InvalidColumn(PatchkitError):
+    """Columns that do not make a matrix (exit 2): `target` the column's label (None for the set of them),
+    `problem` "pinned-count" (not exactly one is the pinned vLLM), "no-vllm" (its source holds no vLLM) or
+    "not-pinned" (the baseline is another release), `pinned` the pinned version, `found` what there is
+    instead (the columns' labels, or the source's description)."""
+
+    def __init__(self, target: str | None, problem: str, pinned: str, found: str):
+        self.target, self.problem, self.pinned, self.found = target, problem, pinned, found
+        super().__init__({"pinned-count": f"exactly one column must be the pinned vLLM {pinned}; got {found}",
+                          "no-vllm": f"{target}: {found} holds no vllm package",
+                          "not-pinned": f"{target} is the baseline, the pinned vLLM {pinned}, but {found}"}[problem])
+
+
 @dataclass
 class Column:
     target: Target
@@ -221,7 +234,7 @@ def compute(
     order = sorted(range(len(columns)), key=lambda i: _column_key(columns[i], i))
     columns = [columns[i] for i in order]
     if sum(c.pinned for c in columns) != 1:
-        raise PatchkitError(f"exactly one column must be the pinned vLLM {pinned}; got {[c.label for c in columns]}")
+        raise InvalidColumn(None, "pinned-count", pinned, str([c.label for c in columns]))
     return Matrix(pinned, columns, full, cells, dict(image_series), images)
 
 
@@ -273,13 +286,13 @@ class _Companions:
 def _column(target: Target, source: Source, pinned: str) -> Column:
     version = source.versions().get("vllm")
     if version is None:
-        raise PatchkitError(f"{target.label}: {source.description} holds no vllm package")
+        raise InvalidColumn(target.label, "no-vllm", pinned, source.description)
     try:
         parsed = Version(version)
     except InvalidVersion:
         parsed = None  # a commit with no version tag behind it: treated as the newest
     if target.pinned and parsed != Version(pinned):
-        raise PatchkitError(f"{target.label} is the baseline, the pinned vLLM {pinned}, but {source.description}")
+        raise InvalidColumn(target.label, "not-pinned", pinned, source.description)
     newer = parsed is None or parsed > Version(pinned)
     return Column(target, version, source.description, target.pinned, newer)
 

@@ -28,7 +28,16 @@ _WARNING = re.compile(r"^ptxas warning\s*: (.*\bentry (\S+) .*)$")
 
 
 class PtxasOutputError(PatchkitError):
-    """ptxas output that does not read as CUDA 13's `-v` report (exit 2): nothing is judged from it."""
+    """ptxas output that does not read as CUDA 13's `-v` report (exit 2): nothing is judged from it.
+    `what` names the output, `kernel` the entry it was about, `problem` "no-usage" (an entry without its
+    'Used N registers' line) or "field" (a usage `field` that does not read), `arch` the entry's target."""
+
+    def __init__(self, what: str, kernel: str, problem: str, arch: str = "", field: str = ""):
+        self.what, self.kernel, self.problem, self.arch, self.field = what, kernel, problem, arch, field
+        super().__init__({
+            "no-usage": f"{what}: ptxas named entry {kernel} for {arch} but printed no 'Used N registers' line "
+                        "for it (expected nvcc -Xptxas -v output)",
+            "field": f"{what}: cannot read ptxas' usage field {field!r} of {kernel}"}[problem])
 
 
 @dataclass
@@ -74,8 +83,7 @@ def parse(text: str, what: str) -> list[Resources]:
             warnings.setdefault(match.group(2), []).append(match.group(1))
     for entry in found:
         if entry.registers < 0:
-            raise PtxasOutputError(f"{what}: ptxas named entry {entry.kernel} for {entry.arch} but printed no "
-                                   "'Used N registers' line for it (expected nvcc -Xptxas -v output)")
+            raise PtxasOutputError(what, entry.kernel, "no-usage", arch=entry.arch)
         entry.warnings = warnings.get(entry.kernel, [])
     return found
 
@@ -83,7 +91,7 @@ def parse(text: str, what: str) -> list[Resources]:
 def _field(entry: Resources, part: str, what: str) -> None:
     match = _FIELD.match(part)
     if not match:
-        raise PtxasOutputError(f"{what}: cannot read ptxas' usage field {part!r} of {entry.kernel}")
+        raise PtxasOutputError(what, entry.kernel, "field", field=part)
     value, name = int(match.group(1)), match.group(2)
     if name == "smem":
         entry.static_smem = value

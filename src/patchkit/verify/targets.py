@@ -50,27 +50,56 @@ class VersionFilter:
         return self.spec is None or self.spec.contains(version, prereleases=True)
 
 
+class InvalidVersions(PatchkitError):
+    """A --versions value that is neither a list of versions nor a PEP 440 range (exit 2): `value` the
+    text (or, for "not-a-version", the item), `problem` "empty", "mixed" (a range among versions, or a
+    range that does not parse) or "not-a-version", `reason` packaging's complaint ("" where none)."""
+
+    def __init__(self, value: str, problem: str, reason: str = ""):
+        self.value, self.problem, self.reason = value, problem, reason
+        super().__init__({
+            "empty": "--versions is empty: give versions (0.30.0,0.33.0) or a PEP 440 range (>=0.30)",
+            "mixed": f"--versions {value!r} is neither a list of versions nor a PEP 440 range ({reason}); "
+                     "a range cannot be mixed with plain versions",
+            "not-a-version": f"--versions: {value!r} is not a version (PEP 440)"}[problem])
+
+
+class TagsUnavailable(PatchkitError):
+    """A git repository whose tags cannot be listed (exit 2): `location`, `detail` git's answer."""
+
+    def __init__(self, location: str, detail: str):
+        self.location, self.detail = location, detail
+        super().__init__(f"cannot list the tags of git repository {location}: {detail}")
+
+
+class TargetUnavailable(PatchkitError):
+    """A verify target that cannot be opened as a source: `target` its label, `cause` the error opening it
+    gave (whose exit code this keeps)."""
+
+    def __init__(self, target: str, cause: PatchkitError):
+        self.target, self.cause = target, cause
+        self.exit_code = cause.exit_code
+        super().__init__(f"{target}: {cause}")
+
+
 def parse_versions(text: str | None, pinned: str = PINNED_VLLM) -> VersionFilter:
     """None means the default: the pinned release and everything newer."""
     if text is None:
         return VersionFilter(spec=SpecifierSet(f">={pinned}"))
     text = text.strip()
     if not text:
-        raise PatchkitError("--versions is empty: give versions (0.30.0,0.33.0) or a PEP 440 range (>=0.30)")
+        raise InvalidVersions(text, "empty")
     if any(op in text for op in _OPERATORS):
         try:
             return VersionFilter(spec=SpecifierSet(text))
         except InvalidSpecifier as e:
-            raise PatchkitError(
-                f"--versions {text!r} is neither a list of versions nor a PEP 440 range ({e}); "
-                "a range cannot be mixed with plain versions"
-            ) from None
+            raise InvalidVersions(text, "mixed", str(e)) from None
     versions = set()
     for item in text.split(","):
         try:
             versions.add(Version(item.strip()))
         except InvalidVersion:
-            raise PatchkitError(f"--versions: {item.strip()!r} is not a version (PEP 440)") from None
+            raise InvalidVersions(item.strip(), "not-a-version") from None
     return VersionFilter(exact=frozenset(versions))
 
 
@@ -132,7 +161,7 @@ def list_tags(location: str) -> list[str]:
         out = git.cmd.Git().ls_remote("--tags", "--refs", location)
     except git.GitCommandError as e:
         detail = (e.stderr or str(e)).strip()
-        raise PatchkitError(f"cannot list the tags of git repository {location}: {detail}") from None
+        raise TagsUnavailable(location, detail) from None
     return [line.split("\trefs/tags/", 1)[1] for line in out.splitlines() if "\trefs/tags/" in line]
 
 
@@ -155,4 +184,4 @@ def open_target(target: Target, *, cache: ArchiveCache | None = None, progress: 
             return GitSource(target.location, target.ref, cache=cache)
         return open_source(target.spec, cache=cache, progress=progress)
     except PatchkitError as e:
-        raise PatchkitError(f"{target.label}: {e}") from e
+        raise TargetUnavailable(target.label, e) from e

@@ -50,11 +50,19 @@ def read_wheel(path: Path) -> IndexedWheel:
                             requires.strip() if requires else None, manifest)
 
 
+class NoWheels(PatchkitError):
+    """A wheel folder that holds no wheel to index (exit 2): `folder`."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        super().__init__(f"no wheel in {folder}: build them first (patchkit wheel build --output {folder})")
+
+
 def write_index(wheels: Path, out: Path, base_url: str | None = None) -> list[IndexedWheel]:
     """`out/simple/` (PEP 503 + 691) for every wheel in the folder `wheels`, and `out/index.html` for people."""
     found = [read_wheel(p) for p in sorted(wheels.glob("*.whl"))]
     if not found:
-        raise PatchkitError(f"no wheel in {wheels}: build them first (patchkit wheel build --output {wheels})")
+        raise NoWheels(wheels)
     projects: dict[str, list[IndexedWheel]] = {}
     for wheel in found:
         projects.setdefault(wheel.project, []).append(wheel)

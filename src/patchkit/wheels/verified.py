@@ -46,7 +46,7 @@ from packaging.version import InvalidVersion, Version
 from patchkit.errors import PatchkitError
 from patchkit.sources.archives import ArchiveSource
 from patchkit.sources.metadata import core_metadata, same_distribution, same_version
-from patchkit.untrusted import InputTooLarge, limit_of, open_regular
+from patchkit.untrusted import InputTooLarge, UnreadableFile, limit_of, open_regular
 from patchkit.wheels.archive import CHUNK, ReproducibleZip, raw_chunks
 from patchkit.wheels.record import RecordRow, parse_record
 
@@ -63,7 +63,10 @@ _BROKEN = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, zlib.err
 
 
 class BadWheel(PatchkitError):
-    """A wheel pip or pypa/installer would refuse, or one changed while read (exit 2)."""
+    """A wheel pip or pypa/installer would refuse, or one changed while read (exit 2): `wheel` its path,
+    `problem` the kind ("file-name", "zip", "unsafe-name", "duplicate", "dist-info", "record", "unlisted",
+    "missing", "compression", "corrupt", "hash", "size", "metadata", "changed"), `detail` what was
+    expected and found, `member` the member concerned (None for the wheel as a whole)."""
 
     def __init__(self, wheel: Path | str, problem: str, detail: str, member: str | None = None):
         self.wheel, self.problem, self.detail, self.member = str(wheel), problem, detail, member
@@ -405,5 +408,5 @@ def open_wheel(path: Path) -> Iterator[VerifiedWheel]:
         try:
             wheel = VerifiedWheel(Path(path), fp)
         except OSError as error:  # the disk's, not the wheel's (zip reads are caught as damage above)
-            raise PatchkitError(f"{path}: cannot be read ({error.strerror or error})") from None
+            raise UnreadableFile(str(path), error.strerror or str(error), error.errno) from None
         yield wheel

@@ -1,5 +1,5 @@
 """The patching commands: `list`, `check` and `diff` read a source; `apply`, `revert` and `status` work on a
-target tree under its lock; `upstream` renders UPSTREAM.md. cli/main.py registers them (COMMANDS).
+target tree under its lock. cli/main.py registers them (COMMANDS).
 
 Exit codes: 0 success; 1 a patch does not apply or is broken; 2 bad input or usage.
 """
@@ -137,7 +137,7 @@ def _locked(target: Path, wait: float):
         yield locked, DirectorySource(target)
 
 
-def _run_on_target(target, patches_dir, series, assumed, as_json, wait, *, mode: str, done: planner.State,
+def _run_on_target(target, patches_dir, series, assumed, as_json, wait, *, mode: planner.Mode, done: planner.State,
                    done_label: str, nothing: str) -> None:
     """Plan `mode` on the tree, write only when every patch is whole, report, exit 0/1."""
     _, patches = load_series(patches_dir, series)
@@ -158,14 +158,14 @@ def _run_on_target(target, patches_dir, series, assumed, as_json, wait, *, mode:
 @target_command
 def apply(target, patches_dir, series, assumed, as_json, wait):
     """Apply the series to a vLLM tree: all patches or none, atomically."""
-    _run_on_target(target, patches_dir, series, assumed, as_json, wait, mode="apply", done=planner.State.NOT_APPLIED,
+    _run_on_target(target, patches_dir, series, assumed, as_json, wait, mode=planner.Mode.APPLY, done=planner.State.NOT_APPLIED,
                    done_label="applied now", nothing="the series is already applied")
 
 
 @target_command
 def revert(target, patches_dir, series, assumed, as_json, wait):
     """Undo the series, restoring the original bytes exactly."""
-    _run_on_target(target, patches_dir, series, assumed, as_json, wait, mode="revert", done=planner.State.APPLIED,
+    _run_on_target(target, patches_dir, series, assumed, as_json, wait, mode=planner.Mode.REVERT, done=planner.State.APPLIED,
                    done_label="reverted now", nothing="no patch of the series is applied")
 
 
@@ -186,18 +186,4 @@ def status(target, patches_dir, series, assumed, as_json, wait):
     sys.exit(0 if plan.ok else 1)
 
 
-@click.command()
-@patches_option
-@click.option("--write", is_flag=True, help="Rewrite UPSTREAM.md beside the patches folder.")
-def upstream(patches_dir, write):
-    """UPSTREAM.md from the patch metadata (printed, or written with --write)."""
-    from patchkit.patching.upstream import render
-
-    text = render(load_patchset(patches_dir))
-    if write:
-        (patches_dir.parent / "UPSTREAM.md").write_text(text)
-    else:
-        click.echo(text, nl=False)
-
-
-COMMANDS = (list_cmd, check, diff, apply, revert, status, upstream)
+COMMANDS = (list_cmd, check, diff, apply, revert, status)  # `upstream`: cli/upstream.py

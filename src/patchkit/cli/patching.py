@@ -27,7 +27,6 @@ from patchkit.cli.common import (
 )
 from patchkit.errors import PatchkitError
 from patchkit.patching import planner, report
-from patchkit.patching.patchset import load_patchset
 
 
 @click.command("list")

@@ -35,7 +35,7 @@ def test_the_name_mapper_is_vllms():
     from vllm.models.glm5next import Glm5NextForConditionalGeneration
 
     theirs = Glm5NextForConditionalGeneration.hf_to_vllm_mapper
-    assert HF_TO_VLLM_PREFIXES == tuple(theirs.orig_to_new_prefix.items())
+    assert tuple(theirs.orig_to_new_prefix.items()) == HF_TO_VLLM_PREFIXES
     assert not (theirs.orig_to_new_substr or theirs.orig_to_new_regex or theirs.orig_to_new_suffix)
     for name in NAMES:
         assert hf_to_vllm(name) == theirs._map_name(name), name

@@ -14,7 +14,13 @@ from rich.console import Console
 
 # The shared options live in a light module of their own (cli.options); commands take them from here too.
 from patchkit.cli.options import (  # noqa: F401
-    JSON_MODE, SeriesChoice, assume_option, images_option, json_option, patches_option, series_option,
+    JSON_MODE,
+    SeriesChoice,
+    assume_option,
+    images_option,
+    json_option,
+    patches_option,
+    series_option,
 )
 from patchkit.errors import INTERNAL_ERROR_EXIT, PatchFailed, PatchkitError
 from patchkit.patching.patchset import Patch, PatchSet, load_patchset

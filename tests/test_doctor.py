@@ -130,3 +130,32 @@ def test_a_log_on_a_closed_stdin_exits_2():
     run = subprocess.run([sys.executable, "-m", "patchkit", "doctor", "-"], check=False, capture_output=True,
                          text=True, timeout=120, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0))
     assert run.returncode == 2 and "standard input is closed" in run.stderr and "Traceback" not in run.stderr
+
+
+def _load_advice(*args) -> list[str]:
+    run = doctor(LOGS / "public/sfxnz-nvidia-dflash2-good-boot.log", *args, "--json")
+    assert run.returncode in (0, 1), run.stdout + run.stderr
+    data = json.loads(run.stdout)
+    assert (data["markers"]["load_format"], data["markers"]["weights_load_s"]) == ("auto", 783.17347)
+    return [f["detail"] for f in data["findings"] if f["what"] == "weight load" and f["level"] == "warn"]
+
+
+def test_a_slow_weight_load_names_instanttensor_by_what_the_variants_image_carries():
+    """The real day-0 boot's 783 s load (load_format=auto, from its engine banner): the lab image pins
+    instanttensor, so the fix is the flag; the nvidia image does not, so the fix is an image that does."""
+    [lab] = _load_advice("--variant", "lab")
+    assert "783 s with load_format=auto" in lab and "serve with --load-format instanttensor" in lab
+    [nvidia] = _load_advice("--variant", "nvidia-nvfp4")
+    assert "does not carry instanttensor" in nvidia
+    [unknown] = _load_advice()
+    assert "name --variant" in unknown
+
+
+def test_a_fast_load_or_an_instanttensor_load_gets_no_advice():
+    from patchkit.bootlog.judge import judge_log
+
+    text = (LOGS / "public/sfxnz-nvidia-dflash2-good-boot.log").read_text()
+    assert not [f for f in judge_log(text.replace("load_format=auto", "load_format=instanttensor"), None).findings
+                if f.what == "weight load"]
+    fast = text.replace("Model loading took 90.36 GiB and 783.173470 seconds", "Model loading took 90.36 GiB and 41.2 seconds")
+    assert not [f for f in judge_log(fast, None, extras=set()).findings if f.what == "weight load"]

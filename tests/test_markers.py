@@ -99,7 +99,7 @@ def test_every_marker_the_real_day0_boot_prints_is_anchored():
     released sources (test above) or names the public record of the base's own wording."""
     lines = DAY0_BOOT.read_text().splitlines()
     fired = {m.name for m in MARKERS if any(m.pattern.search(line) for line in lines)}
-    assert fired == {"weights-day0", "weights-load-time", "kv-cache", "v2-runner", "architecture", "engine-config",
+    assert fired == {"weights-day0", "weights-load-time", "load-format", "kv-cache", "v2-runner", "architecture", "engine-config",
                      "speculative-config", "speculator-capture", "spec-metrics", "engine-stats", "startup"}
     for name in fired:
         marker = MARKER[name]

@@ -13,7 +13,7 @@ lines were cut.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 
 from patchkit.bootlog.causes import CauseReader, Found
@@ -23,6 +23,11 @@ from patchkit.variants.definitions import Variant
 
 # A mean acceptance length this close to 1 means the target rejects (almost) every drafted token.
 _REJECTS_ALL = 1.05
+# A weight load slower than this is the HF-cache safetensors path at its usual GB10 speed (700-780 s for
+# ~90 GiB per rank in the public boots), where instanttensor reads the same checkpoint in tens of seconds
+# (a public Spark record: 164 GB in 37.2 s against ~507 s; docs/field-records.md, shared field notes).
+SLOW_LOAD_S = 120.0
+FAST_LOADER = "instanttensor"
 
 
 @dataclass(frozen=True)
@@ -67,8 +72,9 @@ class Verdict:
 
 
 def judge_log(log: str | Iterable[tuple[str, bool]], variant: Variant | None, quantprobe: bool | None = None, *,
-              booted: bool = True, process: str = "recorded") -> Verdict:
+              booted: bool = True, process: str = "recorded", extras: Collection[str] | None = None) -> Verdict:
     """Parse and judge a boot log. `quantprobe`: does the image carry the quantprobe patch (None = unknown).
+    `extras`: the extra wheels the image carries (None = unknown), for the advice on a slow weight load.
 
     `booted=False` judges a log cut short on purpose (a live smoke stopped before startup): no startup,
     KV or end-of-log verdict. Otherwise a log without 'Application startup complete' is a boot that did
@@ -90,7 +96,7 @@ def judge_log(log: str | Iterable[tuple[str, bool]], variant: Variant | None, qu
     excs = list(reader.exceptions)
     if booted and markers.phase != "serving" and not causes:
         causes = [reader.unexplained_end(markers.phase, process)]
-    findings = judge_boot(markers, causes, excs, variant, quantprobe, booted=booted)
+    findings = judge_boot(markers, causes, excs, variant, quantprobe, booted=booted) + _load_time(markers, extras)
     findings += [Finding("warn", "memory", f"{c.cause} seen (line {c.line_no}: {c.line}) but the boot survived it")
                  for c in seen if c not in causes]
     if cut_count:
@@ -204,3 +210,20 @@ def judge_boot(markers: BootMarkers, causes: list[Found], excs: list[str], varia
     if variant is not None:
         out += _quantprobe(markers, variant, quantprobe)
     return out + _speculative(markers, variant)
+
+
+def _load_time(markers: BootMarkers, extras: Collection[str] | None) -> list[Finding]:
+    """A slow weight load, with the loader that would fix it when the image has it (vLLM 0.30-0.33 take
+    `--load-format instanttensor` once the package is installed: weight_utils.instanttensor_weights_iterator)."""
+    took, loader = markers.weights_load_s, markers.load_format or "unknown"
+    if took is None or took <= SLOW_LOAD_S or loader == FAST_LOADER:
+        return []
+    if extras is not None and FAST_LOADER in extras:
+        fix = (f"this image carries {FAST_LOADER}: serve with --load-format {FAST_LOADER} "
+               f"(patchkit serve-args VARIANT --load-format {FAST_LOADER})")
+    elif extras is not None:
+        fix = f"this image does not carry {FAST_LOADER}; the lab and 4p67 images pin it ([wheels] in image.toml)"
+    else:
+        fix = f"an image carrying {FAST_LOADER} loads it with --load-format {FAST_LOADER} (name --variant to know)"
+    return [Finding("warn", "weight load", f"{took:.0f} s with load_format={loader} (over {SLOW_LOAD_S:.0f} s); {fix}")]
+

@@ -56,6 +56,10 @@ MARKERS: tuple[Marker, ...] = (
     _m("weights-load-time", r"Loading weights took ([\d.]++) seconds", "Loading weights took %.2f seconds",
        ["vllm/model_executor/model_loader/default_loader.py"],
        "(Worker_TP0 pid=245) INFO 08-28 14:14:15 [default_loader.py:507] Loading weights took 688.41 seconds"),
+    # The engine banner's load config: which loader read the weights (auto, safetensors, instanttensor, ...).
+    _m("load-format", r"\bload_format=(?:LoadFormat\.)?+(\w++)", "load_format={self.load_config.load_format}, ",
+       ["vllm/config/vllm.py"],
+       "(EngineCore pid=176) INFO 09-27 18:14:14 [core.py:122] Initializing a V1 LLM engine (v0.1.dev20051+g487ecf187) with config: model='m', download_dir=None, load_format=auto, tensor_parallel_size=2"),
     _m("kv-cache", r"GPU KV cache size: ([\d,]++) tokens", "%s KV cache size: %s tokens, ",
        ["vllm/v1/core/kv_cache_utils.py"],
        "(EngineCore pid=1892) INFO 09-01 04:35:41 [kv_cache_utils.py:2570] GPU KV cache size: 1,942,028 tokens, Maximum concurrency for 1,000,000 tokens per request: 1.94x"),
@@ -142,6 +146,7 @@ class BootMarkers:
     weights_gib: float | None = None
     weights_load_s: float | None = None
     weights_line: str = ""  # which wording it was printed in: "weights" or "weights-day0"
+    load_format: str | None = None  # the engine banner's load_format: the loader that read the weights
     kv_cache_tokens: int | None = None
     startup_complete: bool = False
     v2_runner: bool = False
@@ -240,6 +245,8 @@ def read_line(m: BootMarkers, line: str) -> None:
             m.weights_gib, m.weights_load_s, m.weights_line = _number(hit.group(1)), _number(hit.group(2)), name
     if (hit := MARKER["weights-load-time"].pattern.search(line)) and m.weights_load_s is None:
         m.weights_load_s = _number(hit.group(1))
+    if m.load_format is None and (hit := MARKER["load-format"].pattern.search(line)):
+        m.load_format = hit.group(1).lower()
     if hit := MARKER["kv-cache"].pattern.search(line):
         m.kv_cache_tokens = _integer(hit.group(1).replace(",", ""))
     if MARKER["startup"].pattern.search(line):

@@ -19,8 +19,9 @@ from collections.abc import Iterator
 
 import click
 
-from patchkit.cli.common import console, images_option, json_option
+from patchkit.cli.common import console, images_option, json_option, patches_option
 from patchkit.errors import PatchkitError
+
 
 def _read(log: str) -> Iterator[tuple[str, bool]]:
     """The log's lines, streamed (never read whole): a regular file within the boot-log limit, or stdin;
@@ -113,9 +114,11 @@ def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, images_dir,
 @click.option("--booted/--cut-short", default=True, show_default=True,
               help="--cut-short judges a log that ends before startup on purpose, e.g. captured mid-boot (no "
               "startup/KV failures, no end-of-log cause); by default such a log is a boot that did not come up.")
+@patches_option
 @images_option
 @json_option
-def doctor(log, hosts, image, checkpoint, kv_cache_dtype, variant, quantprobe, booted, images_dir, as_json):
+def doctor(log, hosts, image, checkpoint, kv_cache_dtype, variant, quantprobe, booted, patches_dir, images_dir,
+           as_json):
     """Why did this boot fail (or did it)? Judge a recorded vLLM boot log (LOG, or - for stdin); or, with
     --host, is this Spark ready for its first serve?"""
     if hosts:
@@ -131,7 +134,13 @@ def doctor(log, hosts, image, checkpoint, kv_cache_dtype, variant, quantprobe, b
 
     # Unknown by default: every image carries the patch, but only the live smoke knows the switch was on.
     chosen = find_variant(variant, images_dir) if variant else None
-    verdict = judge_log(_read(log), chosen, quantprobe, booted=booted)
+    extras = None  # what the variant's image carries decides the advice on a slow weight load
+    if chosen is not None:
+        from patchkit.images.definitions import load_image
+        from patchkit.patching.patchset import load_patchset
+
+        extras = set(load_image(images_dir, chosen.image, load_patchset(patches_dir)).wheels)
+    verdict = judge_log(_read(log), chosen, quantprobe, booted=booted, extras=extras)
     if as_json:
         click.echo(json.dumps({"log": log, "variant": chosen.name if chosen else None, **verdict.to_dict()}, indent=2))
     else:

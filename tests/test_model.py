@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from builders import patch_toml, write_patchset
 
+from builders import patch_toml, write_patchset
 from patchkit.patching.patchset import InvalidPatchFile, InvalidSeries, UnknownPatch, load_patchset
 from patchkit.tomlschema import InvalidDefinition
 

@@ -14,8 +14,6 @@ from patchkit.oci.image import (
 )
 from patchkit.oci.layer import Entry, build_layer
 from patchkit.oci.layout import InvalidLayout, Layout, OutputTaken, write_layout
-from patchkit.oci.verified import BlobMismatch
-from patchkit.oci.schema import PlatformSpec
 from patchkit.oci.media import (
     OCI_CONFIG,
     OCI_LAYER_GZIP,
@@ -24,6 +22,8 @@ from patchkit.oci.media import (
     canonical_json,
     sha256_digest,
 )
+from patchkit.oci.schema import PlatformSpec
+from patchkit.oci.verified import BlobMismatch
 
 LAYER = build_layer([Entry("/a.py", "file", b"x\n")], epoch=0)
 BASE_CONFIG = {"architecture": "arm64", "os": "linux",

@@ -12,8 +12,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from hostile import assert_refused, run_patchkit
 
+from hostile import assert_refused, run_patchkit
 from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
 from patchkit.patching.record import Unrecordable, record, write_recording

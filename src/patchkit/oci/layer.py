@@ -175,7 +175,8 @@ _EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE
 
 
 class ExtendedHeaderTooLarge(PatchkitError):
-    """A layer's PAX or GNU extended header past MAX_EXTENDED_HEADER (exit 2); refused before it is read."""
+    """A layer's PAX or GNU extended header past MAX_EXTENDED_HEADER (exit 2); refused before it is read.
+    `what` names the layer, `size` the header's declared size."""
 
     def __init__(self, what: str, size: int):
         self.what, self.size = what, size

@@ -30,7 +30,6 @@ NOT_YET = {
     "patchkit.oci.transport.Cancelled": "fields",
     "patchkit.oci.transport.RegistryError": "docstring of registry",
     "patchkit.oci.transport.RegistryUnreachable": "docstring of registry, request, detail",
-    "patchkit.smoke.containers.EngineError": "docstring of host, step, detail",
     "patchkit.sources.archives.CorruptArchiveError": "fields",
     "patchkit.sources.archives.UnsafeArchiveError": "docstring of path, member, problem",
     "patchkit.sources.index.OversizedDownload": "docstring of url, expected, received, said_by, announced",

@@ -39,8 +39,9 @@ GPU_CHOICES = ("auto", "all", "none")
 STOP_TIMEOUT_S = 30  # vLLM shuts down on SIGTERM; a wedged engine gets SIGKILL after this
 
 
-class EngineError(PatchkitError):
-    """The Docker API of a host refused or failed a step of the smoke (exit 2)."""
+class RunnerError(PatchkitError):
+    """A host's container engine refused or failed a step of the smoke (exit 2): `host` the engine asked,
+    `step` what it was asked, `detail` its answer (images.engine.EngineError is the build's)."""
 
     def __init__(self, host: str, step: str, detail: str):
         self.host, self.step, self.detail = host, step, detail
@@ -49,16 +50,16 @@ class EngineError(PatchkitError):
 
 @contextmanager
 def _engine(host: str, step: str):
-    """The docker SDK's and requests' failures as one EngineError naming the host and the step."""
+    """The docker SDK's and requests' failures as one RunnerError naming the host and the step."""
     import docker
 
     try:
         yield
     except docker.errors.DockerException as exc:
         explanation = getattr(exc, "explanation", None) or str(exc)
-        raise EngineError(host, step, str(explanation)[:2000]) from None
+        raise RunnerError(host, step, str(explanation)[:2000]) from None
     except requests.RequestException as exc:
-        raise EngineError(host, step, f"the engine did not answer: {type(exc).__name__}: {exc}"[:2000]) from None
+        raise RunnerError(host, step, f"the engine did not answer: {type(exc).__name__}: {exc}"[:2000]) from None
 
 
 class DockerRunner:
@@ -112,7 +113,7 @@ class DockerRunner:
         with _engine(self.host, f"inspect the container {self.name}"):
             self.container.reload()
         if not (self.container.attrs.get("HostConfig") or {}).get("DeviceRequests"):
-            raise EngineError(self.host, f"start the container {self.name}",
+            raise RunnerError(self.host, f"start the container {self.name}",
                               "the engine accepted the GPU request (--gpus all) but the container has none: this "
                               "engine's Docker API does not pass GPUs (podman: use its CDI devices, or dockerd with "
                               "nvidia-container-toolkit)")
@@ -128,7 +129,7 @@ class DockerRunner:
             except docker.errors.NotFound:
                 return
             if old.labels.get(SMOKE_LABEL) != name:
-                raise EngineError(self.host, f"create the container {name}",
+                raise RunnerError(self.host, f"create the container {name}",
                                   f"a container of that name exists and is not a patchkit smoke's (id {old.short_id}); "
                                   "remove or rename it")
             old.remove(force=True)
@@ -196,7 +197,7 @@ def _client(host: str):
 
     ssh = host.startswith("ssh://")
     if ssh and importlib.util.find_spec("paramiko") is None:
-        raise EngineError(host, "connect", "an ssh:// host needs paramiko, which the docker SDK's ssh transport imports "
+        raise RunnerError(host, "connect", "an ssh:// host needs paramiko, which the docker SDK's ssh transport imports "
                           "(pip install 'docker[ssh]'); or forward the host's socket and give unix://")
     with _engine(host, "connect to the Docker API"):
         client = docker.DockerClient(base_url=host, use_ssh_client=ssh, timeout=120)

@@ -24,21 +24,10 @@ BASES = {PatchkitError, PatchFailed}  # the two exit codes, raised bare where no
 # "module.Class": what it lacks. Phase 2 of issue 24 (sources/, oci/registry+transport, images/, smoke/,
 # spark/, verify/jit_census, vllm_rules) gives these fields and docstrings.
 NOT_YET = {
-    "patchkit.images.engine.EngineError": "docstring of detail",
     "patchkit.images.extras.WheelPinMismatch": "fields",
-    "patchkit.oci.registry.ManifestNotFound": "docstring of registry",
     "patchkit.oci.transport.Cancelled": "fields",
-    "patchkit.oci.transport.RegistryError": "docstring of registry",
-    "patchkit.oci.transport.RegistryUnreachable": "docstring of registry, request, detail",
     "patchkit.sources.archives.CorruptArchiveError": "fields",
-    "patchkit.sources.archives.UnsafeArchiveError": "docstring of path, member, problem",
-    "patchkit.sources.index.OversizedDownload": "docstring of url, expected, received, said_by, announced",
-    "patchkit.sources.installed_version.VersionUnconfirmed": "docstring of where, distribution, declared, looked_at",
-    "patchkit.sources.installed_version.VersionsDisagree": ("docstring of where, distribution, declared, module, "
-                                                            "module_version, metadata"),
-    "patchkit.spark.commands.HostUnreachable": "docstring of host, detail",
     "patchkit.verify.jit_census.CompileEnvironmentError": "fields",
-    "patchkit.vllm_rules.SlowPattern": "docstring of pattern, value",
 }
 
 

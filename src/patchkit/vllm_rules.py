@@ -198,7 +198,8 @@ MATCH_TIMEOUT_S = 1.0
 
 
 class SlowPattern(PatchkitError):
-    """A config's `re:` target that does not finish matching one module name within MATCH_TIMEOUT_S (exit 2)."""
+    """A config's `re:` target, `pattern`, that does not finish matching the module name `value` within
+    MATCH_TIMEOUT_S (exit 2)."""
 
     def __init__(self, pattern: str, value: str):
         self.pattern, self.value = pattern, value

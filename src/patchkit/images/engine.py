@@ -42,7 +42,8 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 
 class EngineError(PatchkitError):
     """The engine failed or stopped answering during `step` (exit 2): `cause` is what the transport or the
-    SDK raised, `clean` the commands that remove what the engine may keep from this build."""
+    SDK raised, `detail` the engine's own words, `clean` the commands that remove what the engine may keep
+    from this build."""
 
     def __init__(self, step: str, cause: str, detail: str = "", clean: Sequence[str] = ()):
         self.step, self.cause, self.clean = step, cause, list(clean)

@@ -144,7 +144,7 @@ def _credentials(registry: str) -> tuple[str, str] | None:
 
 
 class ManifestNotFound(RegistryError):
-    """A tag or digest the registry does not hold (exit 2)."""
+    """A tag or digest the registry does not hold (exit 2); `registry` the host asked, the rest as RegistryError."""
 
     def __str__(self) -> str:
         return f"{self.detail} not found in the registry"

@@ -101,7 +101,7 @@ class RetryPolicy:
 class RegistryError(PatchkitError):
     """A request the registry did not answer as asked (exit 2): `request` ("PUT <url>"), `status` (None: no
     answer: the connection was refused, reset or timed out), `detail` (the registry's own words, bounded),
-    `attempts` made, and `blob` when it was part of a blob's push. `retryable` says whether the failure may
+    `attempts` made, `registry` the host, and `blob` when it was part of a blob's push. `retryable` says whether the failure may
     pass; `retry_after` is the wait the registry asked for."""
 
     def __init__(self, registry: str, request: str, status: int | None, detail: str, *,
@@ -121,7 +121,8 @@ class RegistryError(PatchkitError):
 
 
 class RegistryUnreachable(RegistryError):
-    """No answer at all: the connection was refused, reset or timed out (retryable)."""
+    """No answer at all (retryable): the connection to `registry` was refused, reset or timed out during
+    `request`; `detail` says which."""
 
     def __init__(self, registry: str, request: str, detail: str, **kw):
         super().__init__(registry, request, None, detail, retryable=True, **kw)

@@ -46,7 +46,8 @@ class CorruptArchiveError(PatchkitError):
 
 
 class UnsafeArchiveError(PatchkitError):
-    """A member name no extractor would write where it says (`..`, not UTF-8, under a link) (exit 2)."""
+    """A member name no extractor would write where it says (exit 2): `path` the archive, `member` the
+    name, `problem` what is wrong with it (`..`, not UTF-8, under a link)."""
 
     def __init__(self, path: Path, member: str, problem: str):
         self.path, self.member, self.problem = path, member, problem

@@ -192,7 +192,9 @@ def _portability(file: IndexFile) -> int:
 
 
 class OversizedDownload(PatchkitError):
-    """A download that sends more than the index lists for the file (or its Content-Length says) (exit 2)."""
+    """A download that sends more than announced (exit 2): `url`, the `expected` size and who `said_by` so
+    (the index, its Content-Length, the archive limit), the bytes `received`, and the Content-Length
+    `announced` when it exceeded the index's size."""
 
     def __init__(self, url: str, expected: int, received: int, said_by: str, announced: int | None = None):
         self.url, self.expected, self.received, self.said_by = url, expected, received, said_by

@@ -36,7 +36,8 @@ _SUFFIX = re.compile(r"[a-z0-9]+|glm53\.[0-9a-f]{12}")
 
 
 class VersionUnconfirmed(PatchkitError):
-    """No dist-info METADATA states the package's version (exit 2)."""
+    """No dist-info METADATA states the package's version (exit 2): `where` the tree, `distribution` asked
+    for, the version module's `declared` one, and the dist-info paths `looked_at`."""
 
     def __init__(self, where: str, distribution: str, declared: str | None, looked_at: str):
         self.where, self.distribution, self.declared, self.looked_at = where, distribution, declared, looked_at
@@ -46,7 +47,8 @@ class VersionUnconfirmed(PatchkitError):
 
 
 class VersionsDisagree(PatchkitError):
-    """The version module, the METADATA and the image file name different versions (exit 2)."""
+    """The version module and the METADATA name different versions (exit 2): `where` the tree, the
+    `distribution`, the `module` read and its `module_version`, the `metadata` path and its `declared` one."""
 
     def __init__(self, where: str, distribution: str, *, declared: str | None, module: str,
                  module_version: str | None, metadata: str | None):

@@ -41,7 +41,8 @@ class Commands(Protocol):
 
 
 class HostUnreachable(PatchkitError):
-    """ssh could not reach or log in to the host (exit 2): no check can say anything of it."""
+    """ssh could not reach or log in to `host` (exit 2; `detail` is ssh's own words): no check can say
+    anything of it."""
 
     def __init__(self, host: str, detail: str):
         self.host, self.detail = host, detail

@@ -454,7 +454,7 @@ def test_a_full_disk_leaves_nothing_behind(small, series, tmp_path, monkeypatch,
     size = build_wheel(release, series, "full", tmp_path / "reference").path.stat().st_size
     limit = size - 200 if budget == "central-directory" else budget
     real_fdopen = os.fdopen
-    monkeypatch.setattr(build_module.os, "fdopen", lambda fd, mode="r", *a, **k: (
+    monkeypatch.setattr(os, "fdopen", lambda fd, mode="r", *a, **k: (  # as localfiles.adjacent_tmp_file opens it
         FullDisk(real_fdopen(fd, mode, *a, **k), limit) if "w" in mode else real_fdopen(fd, mode, *a, **k)))
     out = tmp_path / "out"
     with pytest.raises(PatchkitError, match="No space left on device") as caught:
@@ -473,7 +473,7 @@ def test_a_failing_fsync_or_rename_leaves_nothing_behind(small, series, tmp_path
     def fail(*args, **kwargs):
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    monkeypatch.setattr(build_module.os, call, fail)
+    monkeypatch.setattr(os, call, fail)  # in localfiles.adjacent_tmp_file
     with pytest.raises(PatchkitError, match="Input/output error"):
         build_wheel(release, series, "full", out)
     gc.collect()

@@ -19,11 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
-import tempfile
-import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -32,6 +28,7 @@ from packaging.version import Version
 
 from patchkit import __version__
 from patchkit.errors import PatchkitError
+from patchkit.localfiles import adjacent_tmp_file, file_sha256
 from patchkit.patching.carry import carry
 from patchkit.patching.patchset import Patch
 from patchkit.patching.planner import FileChange, PatchResult, Plan, plan
@@ -94,7 +91,7 @@ def build_wheel(release: Path, patches: list[Patch], series: str, output: Path) 
         created = not output.exists()
         try:
             output.mkdir(parents=True, exist_ok=True)
-            with _atomic(target) as out:
+            with adjacent_tmp_file(target) as out:
                 _write(wheel, out, version, result.changes, manifest)
         except OSError as error:  # the output's: a full or read-only disk, a folder in the way
             raise PatchkitError(f"{target} cannot be written ({error.strerror or error}); nothing of it is left "
@@ -103,7 +100,7 @@ def build_wheel(release: Path, patches: list[Patch], series: str, output: Path) 
             if created and not target.exists():
                 with contextlib.suppress(OSError):
                     output.rmdir()  # only if empty: the folder this build made, for nothing
-    return BuiltWheel(target, _file_sha256(target), manifest, result)
+    return BuiltWheel(target, file_sha256(target), manifest, result)
 
 
 def _recorded(result: PatchResult) -> CarriedPatch:
@@ -176,23 +173,3 @@ def _set_header(text: bytes, field: str, value: str, where: str) -> bytes:
     lines[found[0]] = f"{field}: {value}".encode()
     return b"\n".join(lines) + sep + body
 
-
-def _file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-@contextlib.contextmanager
-def _atomic(path: Path) -> Iterator[BinaryIO]:
-    """A temporary file beside `path`, renamed onto it only when the block ends without an exception."""
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    temporary = Path(name)
-    try:
-        with os.fdopen(fd, "w+b") as out:
-            yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)

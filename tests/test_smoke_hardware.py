@@ -95,6 +95,10 @@ def engine(service):
     client.images.build(path=str(context), tag=corrupt, rm=True, nocache=True,
                         buildargs={"LOG": "lab-good.log", "END": "serve", "REPLY": "강은 \ufffd\ufffd 조용하다"})
     tags["corrupt"] = corrupt
+    leak = "localhost/patchkit-standin:leak"  # GLM-5.3's scratchpad in content, as an unpatched parser splits it
+    client.images.build(path=str(context), tag=leak, rm=True, nocache=True,
+                        buildargs={"LOG": "lab-good.log", "END": "serve", "SPLIT": "leak"})
+    tags["leak"] = leak
     return service.url, client, tags, service.kind
 
 
@@ -120,6 +124,11 @@ def test_a_good_boot_passes_through_the_real_runner(engine, tmp_path):
     assert data["chat"]["content"] == "17 times 3 is 51." and data["chat"]["finish_reason"] == "stop"
     assert data["probe"] == {"runs": 3, "replacement_chars": [0, 0, 0], "errors": [], "ok": True}
     assert data["verdict"]["markers"]["kv_cache_tokens"] == 1_164_369
+    # The serving probes as a client reads them: a clean split, and a tool call whose arguments parse.
+    assert {name: check["ok"] for name, check in data["serving"].items()} == {
+        "enable-thinking-false": True, "reasoning-effort-low": True, "tool-call": True}
+    assert data["serving"]["enable-thinking-false"]["think_tags_in_content"] == 0
+    assert data["serving"]["tool-call"]["tool_calls"] == [{"name": "get_weather", "arguments_json": True, "think_tags": 0}]
     [node] = data["containers"]
     # No nvidia runtime on this engine: auto asks for no GPU. Still running when judged (then removed).
     assert node == {"host": url, "name": f"patchkit-smoke-{VARIANT}-0", "gpus": "none", "exit_code": None}
@@ -135,9 +144,9 @@ def test_a_good_boot_passes_through_the_real_runner(engine, tmp_path):
     assert "standin: env: PATCHKIT_QUANTPROBE=1" in log  # the image carries the quantprobe patch
     recorded = (LOGS / "lab-good.log").read_text()
     assert recorded in log.replace('INFO:     127.0.0.1:0 - "GET /health HTTP/1.1" 200 OK\n', "")
-    # The chat and three probe runs; the last one's line may still be in the engine's log pipe when the log is
-    # read right after its answer (dockerd lost that race once in 20 runs).
-    assert log.count('"POST /v1/chat/completions HTTP/1.1" 200 OK') in (3, 4)
+    # The chat, three corruption-probe runs and three serving probes; the last one's line may still be in the
+    # engine's log pipe when the log is read right after its answer (dockerd lost that race once in 20 runs).
+    assert log.count('"POST /v1/chat/completions HTTP/1.1" 200 OK') in (6, 7)
     assert ours(client) == []  # stopped and removed
 
 
@@ -179,6 +188,19 @@ def test_a_corrupt_reply_fails_the_probe(engine, tmp_path):
     outcome, data, _ = smoke(url, tags["corrupt"], tmp_path, "--gpus", "none")
     assert outcome.code == 1 and data["chat"]["ok"]
     assert data["probe"]["replacement_chars"] == [2, 2, 2] and not data["probe"]["ok"]
+    assert ours(client) == []
+
+
+def test_a_leaked_reasoning_split_fails_the_serving_probes(engine, tmp_path):
+    """The answer sglang PR #39227 recorded from GLM-5.3 behind a parser without always-think: the scratchpad
+    and `</think>` in content. The boot and the chat are fine; the receipt fails on what a client would see."""
+    url, client, tags, _ = engine
+    outcome, data, _ = smoke(url, tags["leak"], tmp_path, "--gpus", "none")
+    assert outcome.code == 1 and data["chat"]["ok"] and data["probe"]["ok"]
+    failed = {f["what"]: f["detail"] for f in data["findings"] if f["level"] == "fail"}
+    assert set(failed) == {"serving enable-thinking-false", "serving reasoning-effort-low"}
+    assert "1 <think>/</think> tag(s) in content" in failed["serving enable-thinking-false"]
+    assert data["serving"]["tool-call"]["ok"]
     assert ours(client) == []
 
 
@@ -286,6 +308,20 @@ def test_a_gpu_request_the_engine_cannot_satisfy_is_refused(engine, tmp_path):
     said = ('could not select device driver "" with capabilities: [[gpu]]' if kind == "docker"
             else "accepted the GPU request (--gpus all) but the container has none")
     assert_refused(outcome, url, f"start the container patchkit-smoke-{VARIANT}-0", said)
+    assert data is None and ours(client) == []
+
+
+def test_the_loader_asked_for_is_served_and_a_missing_one_refused(engine, tmp_path):
+    """--load-format instanttensor: the lab image pins instanttensor ([wheels]), so vLLM is started with the
+    flag; the nvidia image does not, so the smoke is refused before any container is made."""
+    url, client, tags, _ = engine
+    outcome, data, _ = smoke(url, tags["good"], tmp_path, "--gpus", "none", "--load-format", "instanttensor")
+    assert outcome.code == 0, outcome.output[-3000:]
+    assert "--load-format instanttensor" in (tmp_path / "receipt.node0.log").read_text().splitlines()[0]
+    (tmp_path / "nvidia").mkdir()
+    refused, data, _ = smoke(url, tags["good"], tmp_path / "nvidia", "--gpus", "none", "--load-format",
+                             "instanttensor", variant="nvidia-nvfp4")
+    assert_refused(refused, "glm53-flash-nvidia-nvfp4", "instanttensor")
     assert data is None and ours(client) == []
 
 

@@ -120,6 +120,8 @@ def serve_args_cmd(variant, checkpoint, model, load_format, pin_config, pin_inde
               help="How long to wait for /health (default: the variant's expect.boot_timeout_s).")
 @click.option("--health-interval", type=click.FloatRange(min=0.05), default=5.0, show_default=True, metavar="SECONDS",
               help="Seconds between /health polls.")
+@click.option("--load-format", type=click.Choice(LOAD_FORMATS), help="Hardware smoke: vLLM's weight loader "
+              "instead of the variant's (as serve-args takes it); instanttensor needs an image that pins it.")
 @click.option("--vllm-python", help="Interpreter whose vLLM the CPU smoke uses (default: this one).")
 @click.option("--workdir", type=click.Path(path_type=Path, file_okay=False), help="Where CPU smoke checkpoints go.")
 @click.option("--series", default=None, help="Series applied for the patched CPU run (default: each variant's image).")
@@ -128,19 +130,22 @@ def serve_args_cmd(variant, checkpoint, model, load_format, pin_config, pin_inde
 @images_option
 @json_option
 def smoke(variants, cpu, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr, gpus, boot_timeout,
-          health_interval, vllm_python, workdir, series, pin_config, pin_index, patches_dir, images_dir, as_json):
+          health_interval, load_format, vllm_python, workdir, series, pin_config, pin_index, patches_dir, images_dir,
+          as_json):
     """Prove a variant loads: --cpu here (stock vs patched vLLM), or on real hosts with --host."""
     from patchkit.variants.definitions import find_variant
 
     chosen = [find_variant(v, images_dir) for v in variants]
     if cpu == bool(hosts):
         raise PatchkitError("give either --cpu or at least one --host")
+    if cpu and load_format:
+        raise PatchkitError("--load-format goes with --host (the CPU smoke loads no weights from disk)")
     if cpu:
         ok = _smoke_cpu(chosen, vllm_python, workdir, series, patches_dir, images_dir, as_json)
     else:
         ok = _smoke_hosts(chosen, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr,
                           pin_config, pin_index, patches_dir, images_dir, as_json, gpus=gpus,
-                          boot_timeout=boot_timeout, health_interval=health_interval)
+                          boot_timeout=boot_timeout, health_interval=health_interval, load_format=load_format)
     sys.exit(0 if ok else 1)
 
 
@@ -171,20 +176,23 @@ def _smoke_cpu(variants, vllm_python, workdir, series, patches_dir, images_dir, 
 
 def _smoke_hosts(variants, hosts, image, checkpoint, hf_cache, url, receipt, keep, master_addr, pin_config,
                  pin_index, patches_dir, images_dir, as_json, gpus="auto", boot_timeout=None,
-                 health_interval=5.0) -> bool:
+                 health_interval=5.0, load_format=None) -> bool:
     from patchkit.checkpoint.serve import serve_args
+    from patchkit.images.definitions import load_image
     from patchkit.smoke.containers import DockerRunner, host_name
     from patchkit.smoke.hardware import run_smoke, switches_of
 
     if len(variants) != 1 or not image:
         raise PatchkitError("a hardware smoke takes one variant and --image")
     variant = variants[0]
-    command = serve_args(variant, checkpoint, pin_config, pin_index, None)
-    _, series = load_series(patches_dir, SeriesChoice(variant.image, images_dir))  # what the image's patches ask
+    check_loader(variant, load_format, images_dir, patches_dir)
+    command = serve_args(variant, checkpoint, pin_config, pin_index, None, load_format)
+    patchset, series = load_series(patches_dir, SeriesChoice(variant.image, images_dir))  # what its patches ask
+    extras = load_image(images_dir, variant.image, patchset).wheels  # what its weight-load advice may name
     runners = [DockerRunner(h, hf_cache, gpus=gpus) for h in hosts]
     result = run_smoke(variant, command, image, runners, url or f"http://{host_name(hosts[0])}:{variant.serve.port}",
                        keep=keep, master_addr=master_addr, switches=switches_of(series),
-                       boot_timeout_s=boot_timeout, health_interval_s=health_interval)
+                       boot_timeout_s=boot_timeout, health_interval_s=health_interval, extras=extras)
     if not receipt:  # the containers are gone: their logs are the evidence, so they are always kept
         import tempfile
 

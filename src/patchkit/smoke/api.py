@@ -1,6 +1,7 @@
 """The served API as the hardware smoke exercises it: /health polled (not /v1/models, which answers 200
 while the engine is dead), one chat completion with low reasoning effort and `max_tokens` >= 256, and a
-corruption probe (U+FFFD in the replies to a Hangul/CJK prompt). Every answer is read bounded."""
+corruption probe (U+FFFD in the replies to a Hangul/CJK prompt), and the serving probes (serving.py: the
+reasoning split and tool calls as a client reads them). Every answer is read bounded."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import requests
 
 from patchkit.errors import PatchkitError
+from patchkit.smoke.serving import PROBES, judge_completion
 from patchkit.untrusted import InputTooLarge, read_stream
 
 MIN_MAX_TOKENS = 256  # field records "Measured recipes": max_tokens 48 can end in content null, finish "length"
@@ -56,6 +58,50 @@ def wait_healthy(
     return Health(False, clock() - start, attempts, f"{last}; deadline {deadline_s:.0f} s passed")
 
 
+@dataclass(frozen=True)
+class Failed:
+    error: str
+    seconds: float
+
+
+def _post_chat(base_url: str, body: dict, timeout: float) -> tuple[int, bytes, float] | Failed:
+    """POST one chat completion; its answer read bounded (the api-answer limit, as decoded)."""
+    start = time.monotonic()
+    url = f"{base_url}/v1/chat/completions"
+    try:
+        with requests.post(url, json=body, timeout=timeout, stream=True) as response:
+            response.raw.decode_content = True  # a compressed answer is bounded as decoded, not as sent
+            data = read_stream(response.raw, "api-answer", url)
+    except requests.RequestException as exc:  # the engine died or stalled after /health answered
+        return Failed(f"no answer: {type(exc).__name__}", time.monotonic() - start)
+    except InputTooLarge as exc:
+        return Failed(str(exc), time.monotonic() - start)
+    return response.status_code, data, time.monotonic() - start
+
+
+def serving_probes(base_url: str, model: str, timeout: float = 600) -> dict[str, dict]:
+    """Each of smoke/serving.py's PROBES sent once, its answer judged as a client reads it (reasoning split,
+    tool-call arguments, U+FFFD): probe name -> the check's dict (`ok`, counts, findings) or the error."""
+    out = {}
+    for name, request in PROBES.items():
+        posted = _post_chat(base_url, {"model": model, **request}, timeout)
+        if isinstance(posted, Failed):
+            out[name] = {"ok": False, "error": posted.error, "seconds": posted.seconds}
+            continue
+        status, data, seconds = posted
+        if status != 200:
+            text = data.decode("utf-8", "replace")[:500]
+            out[name] = {"ok": False, "error": f"HTTP {status}: {text}", "seconds": seconds}
+            continue
+        try:
+            check = judge_completion(data, name, f"the {name} probe's answer")
+        except PatchkitError as exc:  # not a chat completion: the probe failed, the run goes on
+            out[name] = {"ok": False, "error": str(exc), "seconds": seconds}
+            continue
+        out[name] = {**check.to_dict(), "seconds": seconds}
+    return out
+
+
 def chat(base_url: str, model: str, prompt: str, max_tokens: int = MIN_MAX_TOKENS, timeout: float = 600) -> dict:
     """One chat completion with low reasoning effort (other values select MAX effort, field records "The 4p67 recipe")."""
     if max_tokens < MIN_MAX_TOKENS:
@@ -67,19 +113,13 @@ def chat(base_url: str, model: str, prompt: str, max_tokens: int = MIN_MAX_TOKEN
         "temperature": 0,
         "chat_template_kwargs": {"reasoning_effort": "low"},
     }
-    start = time.monotonic()
-    try:
-        with requests.post(f"{base_url}/v1/chat/completions", json=body, timeout=timeout, stream=True) as response:
-            response.raw.decode_content = True  # a compressed answer is bounded as decoded, not as sent
-            data = read_stream(response.raw, "api-answer", f"{base_url}/v1/chat/completions")
-    except requests.RequestException as exc:  # the engine died or stalled after /health answered
-        return {"ok": False, "error": f"no answer: {type(exc).__name__}", "seconds": time.monotonic() - start}
-    except InputTooLarge as exc:
-        return {"ok": False, "error": str(exc), "seconds": time.monotonic() - start}
-    seconds = time.monotonic() - start
+    posted = _post_chat(base_url, body, timeout)
+    if isinstance(posted, Failed):
+        return {"ok": False, "error": posted.error, "seconds": posted.seconds}
+    status, data, seconds = posted
     text = data.decode("utf-8", "replace")
-    if response.status_code != 200:
-        return {"ok": False, "error": f"HTTP {response.status_code}: {text[:500]}", "seconds": seconds}
+    if status != 200:
+        return {"ok": False, "error": f"HTTP {status}: {text[:500]}", "seconds": seconds}
     try:
         answer = json.loads(text)
         choice = answer["choices"][0]

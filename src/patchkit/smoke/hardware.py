@@ -1,8 +1,8 @@
 """Hardware smoke harness: `patchkit smoke VARIANT --host HOST [--host WORKER]`.
 
 Starts the variant's serve command in the image on each host (containers.py), with the environment the
-image's patches ask of a smoke (their patch.toml `[smoke]`), polls `/health`, sends a chat completion
-and a corruption probe (api.py), lets vLLM log its SpecDecoding acceptance, judges the head's log
+image's patches ask of a smoke (their patch.toml `[smoke]`), polls `/health`, sends a chat completion,
+a corruption probe and the serving probes (api.py, serving.py: the reasoning split and a tool call), lets vLLM log its SpecDecoding acceptance, judges the head's log
 (patchkit.bootlog: the markers, the fatal causes and the verdict `patchkit doctor` gives too) and writes
 a JSON receipt naming the cause of a failed boot with the line that showed it.
 
@@ -35,7 +35,7 @@ from patchkit.bootlog.markers import MARKER
 from patchkit.checkpoint.serve import ServeCommand
 from patchkit.errors import PatchkitError
 from patchkit.patching.patchset import InvalidPatchFile, Patch
-from patchkit.smoke.api import CHAT_PROMPT, chat, corruption_probe, wait_healthy
+from patchkit.smoke.api import CHAT_PROMPT, chat, corruption_probe, serving_probes, wait_healthy
 from patchkit.smoke.containers import Runner, host_name
 from patchkit.variants.definitions import Variant
 
@@ -89,6 +89,7 @@ class Receipt:
     probe: dict | None
     ok: bool
     attempts: int = 1
+    serving: dict | None = None  # per serving probe (smoke/serving.py): what a client reads, judged
     containers: list[dict] = field(default_factory=list)  # per node: host, name, gpus, exit code (None: running)
     hardware: bool = True
     patchkit: str = __version__
@@ -141,12 +142,14 @@ def run_smoke(
     metrics_wait_s: float = 15.0,
     sleep: Callable[[float], None] = time.sleep,
     boot_timeout_s: float | None = None,
+    extras: Iterable[str] | None = None,
 ) -> Receipt:
     """Boot, exercise the endpoint, judge the head's log, stop, and return the receipt (ok or not).
 
     `switches`: what the image's patches ask of a smoke (switches_of its series): their environment is
     set and their markers are required (None: not known, so markers are judged only where printed). A boot that dies of a transient cause (the launcher's occupancy race) is retried once.
-    `boot_timeout_s` bounds the wait for /health (default: the variant's `expect.boot_timeout_s`). Every
+    `boot_timeout_s` bounds the wait for /health (default: the variant's `expect.boot_timeout_s`); `extras`:
+    the extra wheels the image carries (the advice on a slow weight load names what it has). Every
     node's log is read into the receipt before its container is stopped and removed, whatever ended the
     run (an interrupt too: the cleanup itself is not interruptible by a second Ctrl-C)."""
     if not command.complete:
@@ -161,7 +164,7 @@ def run_smoke(
     name = f"patchkit-smoke-{variant.name}"
     t0 = time.monotonic()
     attempts = 1
-    reply = probe = None
+    reply = probe = serving = None
     deadline = variant.expect.boot_timeout_s if boot_timeout_s is None else boot_timeout_s
     logs: list[str] = []
     try:
@@ -190,13 +193,16 @@ def run_smoke(
             extra.append(Finding("ok" if reply["ok"] else "fail", "chat", reply.get("error") or f"{reply['finish_reason']} in {reply['seconds']:.1f} s"))
             probe = corruption_probe(base_url, variant.serve.served_model_name, probe_runs)
             extra.append(Finding("ok" if probe["ok"] else "fail", "corruption probe", f"U+FFFD per run {probe['replacement_chars']} {probe['errors'] or ''}".strip()))
+            serving = serving_probes(base_url, variant.serve.served_model_name)
+            extra += _serving_findings(serving)
             if variant.serve.speculative and "SpecDecoding metrics" not in head.logs():
                 sleep(metrics_wait_s)  # vLLM logs the acceptance once per logging interval, after traffic
         # What the log alone cannot say: did the boot end, or was it still running when judged?
         process = "running" if health.ok or all(r.running() for r in runners) else "exited"
         logs = [r.logs() for r in runners]
         containers = [_container(r) for r in runners]
-        verdict = judge_log(logs[0], variant, switches.quantprobe if switches else None, process=process)
+        verdict = judge_log(logs[0], variant, switches.quantprobe if switches else None, process=process,
+                            extras=None if extras is None else set(extras))
     finally:
         if not keep:
             _clean_up(runners)
@@ -215,11 +221,25 @@ def run_smoke(
         findings=[asdict(f) for f in findings],
         chat=reply,
         probe=probe,
+        serving=serving,
         ok=not any(f.level == "fail" for f in findings),
         attempts=attempts,
         containers=containers,
         logs=logs,
     )
+
+
+def _serving_findings(serving: dict[str, dict]) -> list[Finding]:
+    """One finding per serving probe: its failures (or the request's error), else its one `ok` line."""
+    out = []
+    for name, check in serving.items():
+        if "findings" not in check:
+            out.append(Finding("fail", f"serving {name}", check["error"]))
+            continue
+        failed = [f for f in check["findings"] if f["level"] != "ok"]
+        out += [Finding(f["level"], f"serving {name}", f"{f['what']}: {f['detail']}") for f in failed] or [
+            Finding("ok", f"serving {name}", check["findings"][-1]["detail"])]
+    return out
 
 
 def _await_exit(runners: list[Runner], limit_s: float, sleep: Callable[[float], None]) -> None:

@@ -21,6 +21,7 @@ from patchkit.cli.common import (
     load_series,
     patches_option,
 )
+from patchkit.patching.series import FULL_SERIES
 from patchkit.wheels import ARCHES
 
 
@@ -67,7 +68,7 @@ def build_cmd(version, series_names, platforms, output, patches_dir, images_dir,
 
 def _extra_wheels(images: Path, series: str, patchset) -> list[str]:
     """The pip requirement of each extra wheel (`[wheels]`) the image of `series` carries, hashes pinned."""
-    if series == "full":
+    if series == FULL_SERIES:
         return []
     from patchkit.images.definitions import load_image
 

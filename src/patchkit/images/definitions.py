@@ -68,6 +68,7 @@ from patchkit import tomlschema
 from patchkit.errors import PatchkitError
 from patchkit.images.schema import ImageFile
 from patchkit.patching.patchset import Patch, PatchSet
+from patchkit.patching.series import FULL_SERIES
 from patchkit.sources.base import DISTRIBUTIONS
 
 IMAGE_FILE = "image.toml"
@@ -86,7 +87,6 @@ ARCH_ENV = {
     "CUTE_DSL_ARCH": "sm_121a",
     "CMAKE_CUDA_ARCHITECTURES": "121",
 }
-FULL_SERIES = "full"  # the series name of the whole patch set, in application order
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,13 @@ environment variable that raises it (PATCHKIT_LIMIT_<KIND>, in bytes).
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 from patchkit.errors import PatchkitError
 
@@ -115,7 +116,7 @@ def limit_of(kind: str) -> int:
     return LIMITS[kind].bytes
 
 
-def open_regular(path: Path | str, kind: str, what: str | None = None) -> BinaryIO:
+def open_regular(path: Path | str, kind: str, what: str | None = None) -> io.BufferedReader:
     """`path` opened for reading: never blocks on a FIFO, refuses anything but a regular file within `kind`'s
     limit. A missing or unreadable file is an UnreadableFile naming it."""
     what = what or str(path)
@@ -151,7 +152,13 @@ def read_file(path: Path | str, kind: str, what: str | None = None) -> bytes:
             raise UnreadableFile(what, exc.strerror or str(exc), exc.errno) from None
 
 
-def read_stream(stream: BinaryIO, kind: str, what: str, limit: int | None = None) -> bytes:
+class Readable(Protocol):
+    """What read_stream reads from: a file, a pipe, an HTTP response, a verified download."""
+
+    def read(self, size: int = ..., /) -> bytes: ...
+
+
+def read_stream(stream: Readable, kind: str, what: str, limit: int | None = None) -> bytes:
     """At most `limit` (default: `kind`'s) bytes of `stream`, refusing a stream that holds more."""
     limit = limit_of(kind) if limit is None else limit
     data = stream.read(limit + 1)

@@ -23,6 +23,11 @@ from typing import BinaryIO
 
 EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest zip (DOS) date: no clock or SOURCE_DATE_EPOCH in the bytes
 CHUNK = 1 << 20  # members stream through in pieces this size: a 308 MB extension is never held whole
+# The local file header (PKWARE APPNOTE.TXT 4.3.7; zipfile's structFileHeader, which typeshed does not
+# declare): signature, two version bytes, flags, method, time, date, CRC-32, both sizes, name length,
+# extra-field length.
+LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
+_SIGNATURE, _FLAGS, _NAME_LENGTH, _EXTRA_LENGTH = 0, 3, 10, 11
 
 
 def raw_chunks(fp: BinaryIO, info: zipfile.ZipInfo) -> Iterator[bytes]:
@@ -30,17 +35,17 @@ def raw_chunks(fp: BinaryIO, info: zipfile.ZipInfo) -> Iterator[bytes]:
     as zipfile.open checks it (signature, the same name as the central directory's); `fp` is sought
     before every read, so zipfile may read the same file in between."""
     fp.seek(info.header_offset)
-    fixed = fp.read(zipfile.sizeFileHeader)
-    if len(fixed) != zipfile.sizeFileHeader:
+    fixed = fp.read(LOCAL_HEADER.size)
+    if len(fixed) != LOCAL_HEADER.size:
         raise zipfile.BadZipFile(f"{info.orig_filename}: truncated local header at offset {info.header_offset}")
-    header = struct.unpack(zipfile.structFileHeader, fixed)
-    if header[zipfile._FH_SIGNATURE] != zipfile.stringFileHeader:
+    header = LOCAL_HEADER.unpack(fixed)
+    if header[_SIGNATURE] != b"PK\x03\x04":
         raise zipfile.BadZipFile(f"{info.orig_filename}: no local file header at offset {info.header_offset}")
-    raw_name = fp.read(header[zipfile._FH_FILENAME_LENGTH])
-    utf8 = header[zipfile._FH_GENERAL_PURPOSE_FLAG_BITS] & 0x800
+    raw_name = fp.read(header[_NAME_LENGTH])
+    utf8 = header[_FLAGS] & 0x800
     if raw_name.decode("utf-8" if utf8 else "cp437") != info.orig_filename:
         raise zipfile.BadZipFile(f"{info.orig_filename}: its local header names it {raw_name!r}")
-    position = info.header_offset + zipfile.sizeFileHeader + len(raw_name) + header[zipfile._FH_EXTRA_FIELD_LENGTH]
+    position = info.header_offset + LOCAL_HEADER.size + len(raw_name) + header[_EXTRA_LENGTH]
     left = info.compress_size
     while left:
         fp.seek(position)
@@ -89,17 +94,19 @@ class ReproducibleZip:
         info = self._info(name or source.filename, mode_of(source), source.compress_type)
         info.CRC, info.compress_size, info.file_size = source.CRC, source.compress_size, source.file_size
         zip64 = max(info.file_size, info.compress_size) > zipfile.ZIP64_LIMIT
-        archive = self._zip
+        archive, out = self._zip, self._zip.fp
+        if out is None:
+            raise ValueError("ReproducibleZip.copy_raw after close() or abort()")
         # What ZipFile.writestr does around its compressor, minus the compressor.
-        info.header_offset = archive.fp.tell()
-        archive.fp.write(info.FileHeader(zip64))
+        info.header_offset = out.tell()
+        out.write(info.FileHeader(zip64))
         digest = hashlib.sha256()
         for chunk in raw:
             digest.update(chunk)
-            archive.fp.write(chunk)
+            out.write(chunk)
         archive.filelist.append(info)
         archive.NameToInfo[info.filename] = info
-        archive.start_dir = archive.fp.tell()
+        archive.start_dir = out.tell()
         return digest.hexdigest()
 
     def close(self) -> None:
@@ -108,6 +115,7 @@ class ReproducibleZip:
     def abort(self) -> None:
         """Stop without the central directory: zipfile would otherwise write it from `__del__`, onto a file
         already closed, and print a traceback nobody can act on."""
-        self._zip._didModify = False
-        self._zip._writing = False
+        # zipfile's private state (no public call closes without the central directory)
+        self._zip._didModify = False  # type: ignore[attr-defined]
+        self._zip._writing = False  # type: ignore[attr-defined]
         self._zip.close()

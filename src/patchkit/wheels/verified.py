@@ -28,6 +28,8 @@ import base64
 import bz2
 import contextlib
 import hashlib
+import io
+import itertools
 import lzma
 import re
 import struct
@@ -38,7 +40,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from email.parser import BytesHeaderParser
 from pathlib import Path
-from typing import BinaryIO
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -47,7 +48,7 @@ from patchkit.errors import PatchkitError
 from patchkit.sources.archives import ArchiveSource
 from patchkit.sources.metadata import core_metadata, same_distribution, same_version
 from patchkit.untrusted import InputTooLarge, UnreadableFile, limit_of, open_regular
-from patchkit.wheels.archive import CHUNK, ReproducibleZip, raw_chunks
+from patchkit.wheels.archive import CHUNK, LOCAL_HEADER, ReproducibleZip, raw_chunks
 from patchkit.wheels.record import RecordRow, parse_record
 
 SIGNATURES = ("RECORD.jws", "RECORD.p7s")  # sign the RECORD; listed unhashed, or not at all
@@ -106,7 +107,7 @@ def _normal(name: str) -> str:
 class VerifiedWheel:
     """The members of a wheel every one of which matched its RECORD row; `open_wheel` makes one."""
 
-    def __init__(self, path: Path, fp: BinaryIO):
+    def __init__(self, path: Path, fp: io.BufferedReader):
         self.path, self._fp = path, fp
         try:
             name, version, _, _ = parse_wheel_filename(path.name)
@@ -128,21 +129,23 @@ class VerifiedWheel:
 
     def _central_directory(self) -> list[zipfile.ZipInfo]:
         try:
-            end = zipfile._EndRecData(self._fp)
+            # zipfile's own end-record reader, private (not in typeshed): the size is checked before ZipFile
+            # reads the whole central directory into memory.
+            end = zipfile._EndRecData(self._fp)  # type: ignore[attr-defined]
             if end is None:
                 raise zipfile.BadZipFile("no end of central directory record: not a zip archive")
-            if end[zipfile._ECD_SIZE] > limit_of("metadata"):
-                raise InputTooLarge(f"{self.path}: central directory", "metadata", limit_of("metadata"),
-                                    end[zipfile._ECD_SIZE])
+            size = end[zipfile._ECD_SIZE]  # type: ignore[attr-defined]
+            if size > limit_of("metadata"):
+                raise InputTooLarge(f"{self.path}: central directory", "metadata", limit_of("metadata"), size)
             self._fp.seek(0)
             with zipfile.ZipFile(self._fp) as archive:
                 infos = archive.infolist()
         except _BROKEN as error:
             raise BadWheel(self.path, "zip", f"not a readable zip ({type(error).__name__}: {error})") from None
         ordered = sorted(infos, key=lambda i: i.header_offset)
-        for this, after in zip(ordered, ordered[1:], strict=False):
+        for this, after in itertools.pairwise(ordered):
             name = this.orig_filename.encode("utf-8" if this.flag_bits & 0x800 else "cp437", "replace")
-            end = this.header_offset + zipfile.sizeFileHeader + len(name) + this.compress_size
+            end = this.header_offset + LOCAL_HEADER.size + len(name) + this.compress_size
             if end > after.header_offset:
                 raise BadWheel(self.path, "zip", f"its data overlaps member {after.orig_filename!r} (a zip bomb's "
                                "trick: one compressed stream counted many times)", this.orig_filename)
@@ -359,7 +362,8 @@ def _lzma(chunks: Iterator[bytes]) -> tuple[Iterator[bytes], lzma.LZMADecompress
     size = struct.unpack("<H", head[2:4])[0]
     if len(head) < 4 + size:
         raise EOFError("a truncated LZMA header")
-    filters = [lzma._decode_filter_properties(lzma.FILTER_LZMA1, head[4:4 + size])]
+    # zipfile's LZMA reader uses this private lzma call too (not in typeshed): the only decoder of the properties
+    filters = [lzma._decode_filter_properties(lzma.FILTER_LZMA1, head[4:4 + size])]  # type: ignore[attr-defined]
     rest = head[4 + size:]
     return _chain(rest, chunks), lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=filters)
 

@@ -26,7 +26,6 @@ BASES = {PatchkitError, PatchFailed}  # the two exit codes, raised bare where no
 NOT_YET = {
     "patchkit.images.extras.WheelPinMismatch": "fields",
     "patchkit.oci.transport.Cancelled": "fields",
-    "patchkit.sources.archives.CorruptArchiveError": "fields",
     "patchkit.verify.jit_census.CompileEnvironmentError": "fields",
 }
 

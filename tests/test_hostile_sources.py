@@ -32,6 +32,7 @@ from test_sources import VLLM_FILES, sdist_bytes, sha256, wheel_bytes
 from patchkit.errors import PatchkitError
 from patchkit.sources import FileCache, ArchiveCache, SdistSource, WheelSource, open_source
 from patchkit.sources.archives import UnsafeArchiveError, ZipArchive
+from patchkit.sources.cache import UnsafeFileName
 from patchkit.sources.index import CHUNK, OversizedDownload
 from patchkit.sources.tarscan import TarError, scan
 from patchkit.untrusted import GiB, MiB, InputTooLarge
@@ -510,8 +511,9 @@ def test_cannot_name_a_file_outside_the_cache(index, cache):
     record_path = cache.downloads / "vllm-0.33.0.json"
     record = json.loads(record_path.read_text())
     assert cache.lookup("vllm", "0.33.0") is not None
-    with pytest.raises(PatchkitError, match=r"refusing archive file name '../../etc/passwd'"):
+    with pytest.raises(UnsafeFileName, match=r"refusing archive file name '../../etc/passwd' from the index") as info:
         cache.adopt("vllm", "0.33.0", "../../etc/passwd", record["url"], record["sha256"])
+    assert info.value.filename == "../../etc/passwd"
 
 
 # --- fuzz: tar headers and zip central directories -----------------------------------------------------

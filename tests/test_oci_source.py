@@ -2,11 +2,12 @@
 
 import pytest
 
-from patchkit.errors import PatchkitError
-from patchkit.oci.base import open_base
+from patchkit.oci.base import WrongPlatform, open_base
 from patchkit.oci.media import Platform
 from patchkit.oci.source import ImageLayersSource, PackageRoot
 from patchkit.oci.verified import BlobMismatch
+from patchkit.sources.base import InvalidSourcePath, NotARegularMember
+from patchkit.sources.installed_version import VersionsDisagree, VersionUnconfirmed
 from patchkit.untrusted import InputTooLarge
 from registry import raw_layer, small_layout, tar_gz
 
@@ -91,30 +92,34 @@ def test_a_whited_out_package_directory_hides_everything_below(tmp_path):
 def test_links_are_refused(tmp_path):
     layer = tar_gz({f"{SITE}/vllm-1.2.3.dist-info/METADATA": meta()}, symlinks={f"{SITE}/vllm/a.py": "/etc/passwd"})
     src = source(tmp_path, [layer])
-    with pytest.raises(PatchkitError, match="symlink"):
+    with pytest.raises(NotARegularMember) as info:
         src.read("vllm", "a.py")
+    assert (info.value.member, info.value.found) == (f"/{SITE}/vllm/a.py", "a symlink")
 
 
 def test_declared_version_is_checked_against_metadata(tmp_path):
     layer = tar_gz({f"{SITE}/vllm/a.py": b"a\n", f"{SITE}/vllm-0.33.0.dist-info/METADATA": meta("0.33.0")})
     src = source(tmp_path, [layer], declared="0.1.dev20051+g487ecf187")
-    with pytest.raises(PatchkitError, match="declares vllm 0.1.dev20051.g487ecf187 but the base carries 0.33.0"):
+    with pytest.raises(VersionsDisagree, match=r"declares vllm 0\.1\.dev20051\+g487ecf187 but the base") as info:
         src.versions()
+    assert (info.value.distribution, info.value.metadata) == ("vllm", "0.33.0")
 
 
 def test_undeclared_version_comes_from_metadata_and_is_required(tmp_path):
     layer = tar_gz({f"{SITE}/vllm/a.py": b"a\n", f"{SITE}/vllm-0.33.0.dist-info/METADATA": meta("0.33.0")})
     assert source(tmp_path / "1", [layer], declared=None).versions() == {"vllm": "0.33.0"}
     bare = tar_gz({f"{SITE}/vllm/a.py": b"a\n"})
-    with pytest.raises(PatchkitError, match="version in this base is unknown"):
+    with pytest.raises(VersionUnconfirmed) as info:
         source(tmp_path / "2", [bare], declared=None).versions()
+    assert (info.value.distribution, info.value.declared) == ("vllm", None)
     assert source(tmp_path / "3", [bare], declared=None, required=False).versions() == {}
 
 
 def test_paths_outside_the_package_are_refused(tmp_path):
     src = source(tmp_path, [tar_gz({f"{SITE}/vllm/a.py": b"a\n"})])
-    with pytest.raises(PatchkitError):
+    with pytest.raises(InvalidSourcePath) as info:
         src.read("vllm", "../../../../etc/passwd")
+    assert (info.value.path, info.value.problem) == ("../../../../etc/passwd", "climbs-out")
     assert src.read("flashinfer", "x.py") is None
 
 
@@ -163,5 +168,6 @@ def test_bytecode_of_a_module_is_what_its_interpreter_loads_and_what_the_layers_
 
 def test_a_base_for_another_platform_is_refused(tmp_path):
     small_layout(tmp_path / "img", [tar_gz({"a": b"1"})], arch="amd64")
-    with pytest.raises(PatchkitError, match="linux/amd64 image, not linux/arm64"):
+    with pytest.raises(WrongPlatform, match="linux/amd64 image, not linux/arm64") as info:
         open_base(str(tmp_path / "img"), ARM64, cache=tmp_path / "cache")
+    assert (info.value.wanted, info.value.found) == ("linux/arm64", "linux/amd64")

@@ -33,7 +33,22 @@ from patchkit.sources import (
     discover_releases,
     open_source,
 )
-from patchkit.sources.base import relative_path
+from patchkit.sources.archives import CorruptArchiveError
+from patchkit.sources.base import (
+    InvalidSourcePath,
+    MetadataDisagrees,
+    NoPackages,
+    NoSuchSource,
+    NotADistribution,
+    NotARegularMember,
+    UnknownPackage,
+    relative_path,
+)
+from patchkit.sources.combined import PackageInTwoSources
+from patchkit.sources.directory import OutsidePackageRoot
+from patchkit.sources.git import GitFetchFailed, UnknownRef
+from patchkit.sources.index import DownloadFailed, HashMismatch, IndexUnavailable, NotAProjectPage, NotOnIndex
+from patchkit.sources.spec import InvalidSourceSpec
 
 VLLM_FILES = {
     "__init__.py": b"from vllm.version import __version__\n",
@@ -239,9 +254,12 @@ def free_port() -> int:
 def test_relative_path_normalises_and_refuses_escapes():
     assert relative_path("config/./model.py") == "config/model.py"
     assert relative_path("config//model.py") == "config/model.py"
-    for bad in ("../etc/passwd", "config/../../x", "/etc/passwd", "", ".", "a\\b.py"):
-        with pytest.raises(PatchkitError):
+    for bad, problem in [("../etc/passwd", "climbs-out"), ("config/../../x", "climbs-out"), ("/etc/passwd", "absolute"),
+                         ("", "empty"), (".", "package-root"), ("a\\b.py", "not-posix")]:
+        with pytest.raises(InvalidSourcePath) as info:
             relative_path(bad)
+        assert (info.value.path, info.value.problem) == (bad, problem)
+    assert str(info.value) == "path 'a\\\\b.py' is not a POSIX path (backslash or NUL character)"
 
 
 # --- directory ------------------------------------------------------------------------------------
@@ -256,10 +274,12 @@ def test_directory_checkout_reads_files_and_versions_from_version_py(tmp_path):
     assert source.read("flashinfer", "__init__.py") is None  # package absent
     assert source.package_root("vllm") == (tmp_path / "vllm").resolve()
     assert source.description == f"vllm 0.33.0 directory {tmp_path.resolve()}"
-    with pytest.raises(PatchkitError, match=r"unknown package 'vlm'"):
+    with pytest.raises(UnknownPackage, match=r"unknown package 'vlm': patchkit knows vllm, flashinfer") as unknown:
         source.read("vlm", "config/model.py")
-    with pytest.raises(PatchkitError, match=r"not a regular file"):
+    assert (unknown.value.name, unknown.value.known) == ("vlm", ("vllm", "flashinfer"))
+    with pytest.raises(NotARegularMember) as info:
         source.read("vllm", "config")
+    assert (info.value.member, info.value.found) == ("vllm/config", "not a regular file")
 
 
 def test_directory_that_is_the_package_takes_the_version_from_pkg_info_beside_it(tmp_path):
@@ -289,8 +309,10 @@ def test_directory_refuses_two_installed_versions_of_one_distribution(tmp_path):
     write_tree(tmp_path / "vllm", VLLM_FILES)
     write_tree(tmp_path / "vllm-0.32.0.dist-info", {"METADATA": b"Name: vllm\nVersion: 0.32.0\n"})
     write_tree(tmp_path / "vllm-0.33.0.dist-info", {"METADATA": b"Name: vllm\nVersion: 0.33.0\n"})
-    with pytest.raises(PatchkitError, match=r"several installed versions of vllm"):
+    with pytest.raises(NotADistribution) as info:
         DirectorySource(tmp_path)
+    assert (info.value.path, info.value.problem) == (tmp_path, "several installed versions of vllm")
+    assert info.value.found == "vllm-0.32.0.dist-info, vllm-0.33.0.dist-info"
 
 
 def test_directory_version_from_static_pyproject_else_unknown(tmp_path):
@@ -309,18 +331,24 @@ def test_directory_refuses_paths_escaping_the_package_root(tmp_path):
     (tmp_path / "vllm" / "inside.py").symlink_to(tmp_path / "vllm" / "config" / "model.py")
     source = DirectorySource(tmp_path)
     for bad in ("../secret.txt", "/etc/passwd", "config/../../secret.txt"):
-        with pytest.raises(PatchkitError, match=r"secret\.txt|/etc/passwd"):
+        with pytest.raises(InvalidSourcePath) as refused:
             source.read("vllm", bad)
-    with pytest.raises(PatchkitError, match=r"outside.py resolves to .*outside the package root"):
+        assert refused.value.path == bad
+    with pytest.raises(OutsidePackageRoot) as info:
         source.read("vllm", "outside.py")
+    assert (info.value.member, info.value.root) == ("vllm/outside.py", (tmp_path / "vllm").resolve())
     assert source.read("vllm", "inside.py") == VLLM_FILES["config/model.py"]
 
 
 def test_directory_without_packages_or_missing_is_an_error(tmp_path):
-    with pytest.raises(PatchkitError, match=r"does not exist"):
+    with pytest.raises(NoSuchSource) as missing:
         DirectorySource(tmp_path / "nowhere")
-    with pytest.raises(PatchkitError, match=r"no package found"):
+    assert (missing.value.kind, missing.value.path, missing.value.problem) == (
+        "source directory", tmp_path / "nowhere", "does not exist")
+    with pytest.raises(NoPackages) as info:
         DirectorySource(tmp_path)
+    assert (info.value.where, info.value.looked_for) == (str(tmp_path.resolve()), ("vllm/__init__.py",
+                                                                                   "flashinfer/__init__.py"))
 
 
 # --- sdist and wheel files ------------------------------------------------------------------------
@@ -337,8 +365,9 @@ def test_sdist_file_reads_members_and_version_from_pkg_info(tmp_path):
         "nope.py": None,
     }
     assert source.read("flashinfer", "__init__.py") is None
-    with pytest.raises(PatchkitError, match=r"climbs out"):
+    with pytest.raises(InvalidSourcePath) as info:
         source.read("vllm", "../PKG-INFO")
+    assert info.value.problem == "climbs-out"
     path.write_bytes(b"garbage")  # the one pass at open kept the package files: no second pass
     assert source.read("vllm", "models/glm5next/common/model.py") == VLLM_FILES["models/glm5next/common/model.py"]
 
@@ -354,8 +383,9 @@ def test_sdist_with_a_damaged_member_header_is_refused_not_cut_short(tmp_path):
     raw[raw.index(b"vllm-0.33.0/vllm/a.py")] ^= 0xFF  # the header checksum no longer matches
     path = tmp_path / "vllm-0.33.0.tar.gz"
     path.write_bytes(gzip.compress(bytes(raw)))
-    with pytest.raises(PatchkitError, match=r"corrupt or truncated.*damaged member header"):
+    with pytest.raises(CorruptArchiveError) as info:
         SdistSource(path)
+    assert (info.value.path, info.value.removed) == (path, False) and "damaged member header" in info.value.reason
     assert path.exists()  # not a cache entry: left alone
 
 
@@ -368,12 +398,14 @@ def test_sdist_refuses_links_and_non_sdists(tmp_path):
             symlinks={f"{top}/vllm/evil.py": "/etc/passwd"},
         )
     )
-    with pytest.raises(PatchkitError, match=r"evil.py is a link"):
+    with pytest.raises(NotARegularMember, match=r"vllm/evil.py is a link in .*: patchkit reads regular files") as link:
         SdistSource(linked).read("vllm", "evil.py")
+    assert (link.value.member, link.value.found, link.value.where) == ("vllm/evil.py", "a link", str(linked))
     bare = tmp_path / "bare.tar.gz"
     bare.write_bytes(tar_gz({"vllm/__init__.py": b""}))
-    with pytest.raises(PatchkitError, match=r"not an sdist"):
+    with pytest.raises(NotADistribution) as info:
         SdistSource(bare)
+    assert (info.value.path, info.value.problem, info.value.found) == (bare, "not an sdist", "none")
 
 
 def test_file_cache_serves_a_warm_run_without_touching_the_archive(tmp_path):
@@ -417,12 +449,15 @@ def test_wheel_file_reads_members_and_version_from_metadata(tmp_path):
 def test_wheel_whose_metadata_contradicts_its_name_or_that_is_corrupt_is_refused(tmp_path):
     lying = tmp_path / "vllm-0.33.0-py3-none-any.whl"
     lying.write_bytes(wheel_bytes("vllm", "0.33.0", stated_version="0.32.0"))
-    with pytest.raises(PatchkitError, match=r"METADATA says vllm 0.32.0"):
+    with pytest.raises(MetadataDisagrees) as lie:
         WheelSource(lying)
+    assert (lie.value.file, lie.value.stated, lie.value.expected, lie.value.expected_by) == (
+        "METADATA", "vllm 0.32.0", "vllm 0.33.0", "the file name")
     corrupt = tmp_path / "vllm-0.33.1-py3-none-any.whl"
     corrupt.write_bytes(wheel_bytes("vllm", "0.33.1")[:200])
-    with pytest.raises(PatchkitError, match=r"corrupt or truncated"):
+    with pytest.raises(CorruptArchiveError) as info:
         WheelSource(corrupt)
+    assert (info.value.path, info.value.removed) == (corrupt, False)
     assert corrupt.exists()  # a user's file is never deleted
 
 
@@ -447,22 +482,24 @@ def test_release_is_downloaded_once_then_read_offline(index, cache, capsys):
 def test_sha256_mismatch_names_url_and_hashes_and_caches_nothing(index, cache):
     body = sdist_bytes("vllm", "0.33.0")
     index.add("vllm", "vllm-0.33.0.tar.gz", body, listed_sha256="0" * 64)
-    with pytest.raises(PatchkitError) as failure:
+    with pytest.raises(HashMismatch) as failure:
         open_source("vllm==0.33.0", cache=cache, progress=False)
-    message = str(failure.value)
-    assert "/files/vllm-0.33.0.tar.gz" in message and "0" * 64 in message and sha256(body) in message
+    assert failure.value.url.endswith("/files/vllm-0.33.0.tar.gz")
+    assert (failure.value.expected, failure.value.actual) == ("0" * 64, sha256(body))
     assert cache_entries(cache) == []
 
 
 def test_truncated_download_and_server_error_cache_nothing(index, cache):
     index.add("vllm", "vllm-0.33.0.tar.gz", sdist_bytes("vllm", "0.33.0"))
     index.faults["vllm-0.33.0.tar.gz"] = "truncate"
-    with pytest.raises(PatchkitError, match=r"download of http://127.0.0.1:.*/files/vllm-0.33.0.tar.gz"):
+    with pytest.raises(DownloadFailed, match=r"download of http://127.0.0.1:.*/files/vllm-0.33.0.tar.gz failed") as cut:
         open_source("vllm==0.33.0", cache=cache, progress=False)
+    assert cut.value.url.endswith("/files/vllm-0.33.0.tar.gz")
     assert cache_entries(cache) == []
     index.faults["vllm-0.33.0.tar.gz"] = "http500"
-    with pytest.raises(PatchkitError, match=r"500"):
+    with pytest.raises(DownloadFailed) as failed:
         open_source("vllm==0.33.0", cache=cache, progress=False)
+    assert (failed.value.received, "500" in failed.value.reason) == (0, True)
     assert cache_entries(cache) == []
 
 
@@ -471,32 +508,37 @@ def test_corrupt_archive_with_matching_hash_is_refused_and_dropped_from_the_cach
     crc = int.from_bytes(body[-8:-4], "little")
     damaged = body[:-8] + (crc ^ 1).to_bytes(4, "little") + body[-4:]  # only the gzip CRC check can tell
     index.add("vllm", "vllm-0.33.0.tar.gz", damaged)
-    with pytest.raises(PatchkitError, match=r"corrupt or truncated.*CRC.*removed it from the cache"):
+    with pytest.raises(CorruptArchiveError, match=r"corrupt or truncated.*CRC.*removed it from the cache") as info:
         open_source("vllm==0.33.0", cache=cache, progress=False)
+    assert info.value.removed and "CRC" in info.value.reason
     assert cache_entries(cache) == []
 
 
 def test_unreachable_index_is_an_error_naming_the_url(monkeypatch, cache):
     url = f"http://127.0.0.1:{free_port()}/simple"
     monkeypatch.setenv("PATCHKIT_INDEX_URL", url)
-    with pytest.raises(PatchkitError, match=f"cannot reach the package index at {url}/vllm/"):
+    with pytest.raises(IndexUnavailable, match=f"cannot reach the package index at {url}/vllm/") as info:
         open_source("vllm==0.33.0", cache=cache)
+    assert (info.value.url, info.value.status) == (f"{url}/vllm/", None)
     assert cache_entries(cache) == []
 
 
 def test_unknown_version_project_or_unreadable_index_page(index, cache):
     index.add("vllm", "vllm-0.32.0.tar.gz", sdist_bytes("vllm", "0.32.0"))
-    with pytest.raises(PatchkitError, match=r"vllm 0.33.0 is not on the package index .*latest releases: 0.32.0"):
+    with pytest.raises(NotOnIndex, match=r"vllm 0.33.0 is not on the package index .*latest releases: 0.32.0") as old:
         open_source("vllm==0.33.0", cache=cache)
-    with pytest.raises(PatchkitError, match=r"flashinfer-python is not on the package index"):
+    assert (old.value.dist, old.value.version, old.value.latest) == ("vllm", "0.33.0", ("0.32.0",))
+    with pytest.raises(NotOnIndex) as absent:
         open_source("flashinfer-python==0.7.2", cache=cache)
+    assert (absent.value.dist, absent.value.version) == ("flashinfer-python", None)
     index.content_type = "text/plain"
-    with pytest.raises(PatchkitError, match=r"/simple/vllm/ is not a simple API project page.*'text/plain'"):
+    with pytest.raises(NotAProjectPage) as plain:
         open_source("vllm==0.32.0", cache=cache)
+    assert plain.value.page.endswith("/simple/vllm/") and "'text/plain'" in plain.value.detail
     index.content_type = "application/vnd.pypi.simple.v1+json"
     index.projects["vllm"].append({"filename": "vllm-0.33.0.tar.gz"})  # no url, no hashes: not PEP 691
     fields = r"\(files.1.url: Field required; files.1.hashes: Field required\); PATCHKIT_INDEX_URL must name"
-    with pytest.raises(PatchkitError, match=r"/simple/vllm/ is not a simple API project page.* " + fields):
+    with pytest.raises(NotAProjectPage, match=r"/simple/vllm/ is not a simple API project page.* " + fields):
         open_source("vllm==0.32.0", cache=cache)
 
 
@@ -512,15 +554,17 @@ def test_a_pep_503_html_index_is_read_too(index, cache):
     assert source.description == f"vllm 0.33.0 sdist (index, sha256 {sha256(body)[:12]})"
     assert index.file_requests() == ["/files/vllm-0.33.0.tar.gz"]
     index.add("vllm", "vllm-0.32.0.tar.gz", sdist_bytes("vllm", "0.32.0"), listed_sha256="0" * 64)
-    with pytest.raises(PatchkitError, match=r"does not match the index: sha256 expected 0{64}, got [0-9a-f]{64}"):
+    with pytest.raises(HashMismatch, match=r"does not match the index: sha256 expected 0{64}, got [0-9a-f]{64}"):
         open_source("vllm==0.32.0", cache=cache, progress=False)
     assert cache_entries(cache) == ["vllm-0.33.0.json", "vllm-0.33.0.tar.gz"]
 
 
 def test_pkg_info_contradicting_the_requested_version_is_an_error(index, cache):
     index.add("vllm", "vllm-0.33.0.tar.gz", sdist_bytes("vllm", "0.33.0", stated_version="0.32.0"))
-    with pytest.raises(PatchkitError, match=r"PKG-INFO says version 0.32.0, but 0.33.0 was asked for"):
+    with pytest.raises(MetadataDisagrees) as info:
         open_source("vllm==0.33.0", cache=cache, progress=False)
+    assert (info.value.file, info.value.field, info.value.stated, info.value.expected) == (
+        "PKG-INFO", "version", "0.32.0", "0.33.0")
 
 
 def test_release_without_sdist_uses_the_most_portable_wheel(index, cache):
@@ -557,28 +601,36 @@ def test_discover_releases_skips_yanked_and_pre_releases(index):
 
 
 @pytest.mark.parametrize(
-    ("spec", "message"),
+    ("spec", "kind", "fields"),
     [
-        ("", "empty source"),
-        ("vllm>=0.33", "not a range"),
-        ("flashinfer==0.7.2", "unknown distribution 'flashinfer'.*flashinfer-python"),
-        ("vllm==latest", "'latest' is not a version"),
-        ("./no/such/dir", "no such directory"),
-        ("whatever", "unknown source 'whatever'"),
-        ("git:/some/repo", "git:PATH_OR_URL@REF"),
-        ("missing.whl", "wheel missing.whl does not exist"),
+        ("", InvalidSourceSpec, {"problem": "empty"}),
+        ("vllm>=0.33", InvalidSourceSpec, {"spec": "vllm>=0.33", "problem": "range"}),
+        ("flashinfer==0.7.2", UnknownPackage, {"name": "flashinfer", "what": "distribution",
+                                               "known": ("vllm", "flashinfer-python")}),
+        ("vllm==latest", InvalidSourceSpec, {"problem": "not-a-version", "detail": "latest"}),
+        ("./no/such/dir", InvalidSourceSpec, {"problem": "no-such-directory"}),
+        ("whatever", InvalidSourceSpec, {"spec": "whatever", "problem": "unknown"}),
+        ("git:/some/repo", InvalidSourceSpec, {"problem": "git-form"}),
+        ("missing.whl", NoSuchSource, {"kind": "wheel", "path": Path("missing.whl"), "problem": "does not exist"}),
     ],
 )
-def test_bad_specs_are_refused_with_a_hint(spec, message, cache):
-    with pytest.raises(PatchkitError, match=message):
+def test_bad_specs_are_refused_with_a_hint(spec, kind, fields, cache):
+    with pytest.raises(kind) as info:
         open_source(spec, cache=cache)
+    assert {name: getattr(info.value, name) for name in fields} == fields
+
+
+def test_a_bad_spec_message_names_the_forms_a_source_takes(cache):
+    with pytest.raises(InvalidSourceSpec, match=r"unknown source 'whatever': give a version \(0.33.0, meaning vllm\)"):
+        open_source("whatever", cache=cache)
 
 
 def test_a_directory_named_like_a_version_is_ambiguous(tmp_path, monkeypatch, cache):
     write_tree(tmp_path / "0.33.0" / "vllm", VLLM_FILES)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(PatchkitError, match=r"both a directory and a version"):
+    with pytest.raises(InvalidSourceSpec) as info:
         open_source("0.33.0", cache=cache)
+    assert (info.value.spec, info.value.problem) == ("0.33.0", "ambiguous")
     assert isinstance(open_source("./0.33.0"), DirectorySource)
 
 
@@ -594,8 +646,9 @@ def test_git_reads_blobs_at_a_tag_without_checking_it_out(vllm_repo):
     assert source.read("vllm", "absent.py") is None
     assert source.read("flashinfer", "__init__.py") is None
     assert source.description.startswith(f"vllm 0.33.0 git {vllm_repo.working_tree_dir}@v0.33.0 (commit ")
-    with pytest.raises(PatchkitError, match=r"is a directory"):
+    with pytest.raises(NotARegularMember) as info:
         source.read("vllm", "config")
+    assert (info.value.member, info.value.found) == ("vllm/config", "a directory")
 
 
 def test_git_version_from_describe_from_version_py_else_the_sha(vllm_repo, tmp_path):
@@ -610,20 +663,25 @@ def test_git_version_from_describe_from_version_py_else_the_sha(vllm_repo, tmp_p
 
 
 def test_git_refuses_unknown_refs_non_repositories_and_symlinks(vllm_repo, tmp_path):
-    with pytest.raises(PatchkitError, match=r"ref 'v9.9.9' is not a commit"):
+    with pytest.raises(UnknownRef, match=r"ref 'v9.9.9' is not a commit in git repository") as unknown:
         open_source(f"git:{vllm_repo.working_tree_dir}@v9.9.9")
-    with pytest.raises(PatchkitError, match=r"is not a commit"):
+    assert (unknown.value.location, unknown.value.ref) == (vllm_repo.working_tree_dir, "v9.9.9")
+    with pytest.raises(UnknownRef) as zeros:
         GitSource(vllm_repo.working_tree_dir, "0" * 40)
+    assert zeros.value.ref == "0" * 40
     (tmp_path / "plain").mkdir()
-    with pytest.raises(PatchkitError, match=r"is not a git repository"):
+    with pytest.raises(NoSuchSource) as plain:
         open_source(f"git:{tmp_path / 'plain'}@main")
-    with pytest.raises(PatchkitError, match=r"does not exist"):
+    assert (plain.value.path, plain.value.problem) == (tmp_path / "plain", "is not a git repository")
+    with pytest.raises(NoSuchSource) as nowhere:
         open_source(f"git:{tmp_path / 'nowhere'}@main")
+    assert (nowhere.value.kind, nowhere.value.problem) == ("git repository", "does not exist")
     (Path(vllm_repo.working_tree_dir) / "vllm" / "evil.py").symlink_to("/etc/passwd")
     vllm_repo.index.add(["vllm/evil.py"])
     vllm_repo.index.commit("link", author=ME, committer=ME)
-    with pytest.raises(PatchkitError, match=r"evil.py is a symlink"):
+    with pytest.raises(NotARegularMember) as link:
         GitSource(vllm_repo.working_tree_dir, "main").read("vllm", "evil.py")
+    assert (link.value.member, link.value.found) == ("vllm/evil.py", "a symlink")
 
 
 def test_git_url_is_cloned_bare_into_the_cache_and_fetched_again(vllm_repo, cache):
@@ -635,8 +693,9 @@ def test_git_url_is_cloned_bare_into_the_cache_and_fetched_again(vllm_repo, cach
     commit(vllm_repo, {"vllm/config/model.py": b"max_len = 16384\n"})
     assert open_source(f"git:{url}@main", cache=cache).read("vllm", "config/model.py") == b"max_len = 16384\n"
     assert list(cache.git.iterdir()) == [clone]
-    with pytest.raises(PatchkitError, match=r"cannot fetch git repository"):
+    with pytest.raises(GitFetchFailed) as info:
         open_source(f"git:{url}-missing@main", cache=cache)
+    assert info.value.url == f"{url}-missing" and info.value.detail
     assert list(cache.git.iterdir()) == [clone]  # a failed clone leaves nothing
 
 
@@ -655,8 +714,9 @@ def test_combined_sources_route_by_package_and_refuse_a_package_twice(tmp_path, 
     assert both.read_many("vllm", ["config/model.py"]) == {"config/model.py": VLLM_FILES["config/model.py"]}
     assert " + " in both.description
     assert combine_sources([vllm]) is vllm
-    with pytest.raises(PatchkitError, match=r"package vllm is in two sources"):
+    with pytest.raises(PackageInTwoSources) as twice:
         combine_sources([vllm, open_source(f"git:{vllm_repo.working_tree_dir}@main")])
+    assert twice.value.package == "vllm" and twice.value.sources[0] == vllm.description
     with pytest.raises(PatchkitError, match=r"no source"):
         combine_sources([])
 
@@ -698,6 +758,6 @@ def test_pinned_flashinfer_is_read_from_a_checkout_and_a_git_ref(tmp_path):
 @pytest.mark.parametrize("url", ["https://example.invalid/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl",
                                  "https://example.invalid/repo"])
 def test_a_url_is_refused_as_typed_not_as_a_folded_path(url):
-    with pytest.raises(PatchkitError) as info:
+    with pytest.raises(InvalidSourceSpec) as info:
         open_source(url)
-    assert url in str(info.value) and "git:URL@REF" in str(info.value)
+    assert (info.value.spec, info.value.problem) == (url, "url") and "git:URL@REF" in str(info.value)

@@ -209,10 +209,18 @@ def _select(spec: str, data: bytes, media_type: str, platform: Platform, fetch, 
     return child, matches[0].digest
 
 
+class WrongPlatform(PatchkitError):
+    """A base whose config names another platform than the one asked for (exit 2): the base `spec`, the
+    platform it was `wanted` for and the one its config `found`."""
+
+    def __init__(self, spec: str, wanted: str, found: str):
+        self.spec, self.wanted, self.found = spec, wanted, found
+        super().__init__(f"base {spec} is a {found} image, not {wanted}")
+
+
 def _finish(base: BaseImage, config_bytes: bytes) -> BaseImage:
     base.config_bytes = config_bytes
     doc, base.config = parse(config_bytes, ImageConfig, f"config of {base.spec}")
     if not base.platform.matches(msgspec.structs.asdict(doc)):
-        got = f"{doc.os}/{doc.architecture}"
-        raise PatchkitError(f"base {base.spec} is a {got} image, not {base.platform}")
+        raise WrongPlatform(base.spec, str(base.platform), f"{doc.os}/{doc.architecture}")
     return base

@@ -26,9 +26,9 @@ from packaging.utils import canonicalize_name
 
 from patchkit.errors import PatchkitError
 from patchkit.oci.base import BaseImage
-from patchkit.oci.layer import Member, iter_layer, normalize
+from patchkit.oci.layer import Member, UnreadableLayer, iter_layer, normalize
 from patchkit.oci.media import READABLE_LAYERS
-from patchkit.sources.base import SourceDefaults
+from patchkit.sources.base import InvalidSourcePath, NotADistribution, NotARegularMember, SourceDefaults
 from patchkit.sources.installed_version import VERSION_MODULES, held_version
 from patchkit.untrusted import InputTooLarge, limit_of, read_stream
 
@@ -112,7 +112,7 @@ class PackagePaths(SourceDefaults):
         if pkg is None:
             return None
         if path.startswith("/") or ".." in path.split("/"):
-            raise PatchkitError(f"{package} path {path!r} must be relative to the package root")
+            raise InvalidSourcePath(path, "absolute" if path.startswith("/") else "climbs-out")
         return f"{normalize(pkg.root)}/{normalize(path)}"
 
     def _version(self, pkg: PackageRoot) -> str | None:
@@ -145,8 +145,7 @@ class ImageLayersSource(PackagePaths):
             return None
         index, member = found
         if member.kind != "file":
-            raise PatchkitError(f"{self.base.spec}: /{name} is a {member.kind} in layer "
-                                f"{self._digest(index)}; patchkit reads and patches regular files only")
+            raise NotARegularMember(f"/{name}", f"a {member.kind}", f"layer {self._digest(index)} of {self.base.spec}")
         listing = self._listings[index]
         if name not in listing.content:
             self._wanted.add(name)
@@ -254,15 +253,16 @@ class ImageLayersSource(PackagePaths):
             try:
                 self._records[name] = {posixpath.normpath(row[0]) for row in rows if row}
             except csv.Error as exc:  # a field past csv's own limit, a NUL
-                raise PatchkitError(f"{self.base.spec}: /{name} is not a RECORD csv: {exc}") from None
+                raise NotADistribution(f"{self.base.spec}: /{name}", "not a RECORD csv", "a RECORD csv",
+                                       str(exc)) from None
         return self._records[name]
 
     def _scan(self, index: int) -> _Listing:
         desc = self.base.layers[index]
         digest, media_type = desc["digest"], desc.get("mediaType", "")
         if media_type not in READABLE_LAYERS:
-            raise PatchkitError(f"{self.base.spec}: layer {digest} is {media_type}; patchkit reads "
-                                f"gzip or plain tar layers only")
+            raise UnreadableLayer(f"{digest} of {self.base.spec}",
+                                  f"its media type is {media_type}; patchkit reads gzip or plain tar layers only")
         listing = _Listing()
         with self.base.open_blob(digest, desc["size"]) as stream:
             for member, tar, info in iter_layer(stream, f"{digest} of {self.base.spec}"):
@@ -299,8 +299,8 @@ class ImageLayersSource(PackagePaths):
                     self._scan(index)
             found = self._dist_infos(site, want)
         if len(found) > 1:
-            raise PatchkitError(f"{self.base.spec}: several {pkg.distribution} installs in /{site}: "
-                                f"{', '.join(sorted(found))}")
+            raise NotADistribution(f"{self.base.spec}: /{site}", f"several {pkg.distribution} installs", "one",
+                                   ", ".join(sorted(found)))
         if not found and pkg.declared is None and not pkg.required:
             return None
         [where] = found or [f"{site}/{want.replace('-', '_')}-{pkg.declared or '<version>'}.dist-info/METADATA"]
@@ -336,4 +336,4 @@ class ImageLayersSource(PackagePaths):
                 return line.split(":", 1)[1].strip()
             if not line.strip():
                 break
-        raise PatchkitError(f"{self.base.spec}: /{name} has no Version field")
+        raise NotADistribution(f"{self.base.spec}: /{name}", "no Version field", "a Version field", "none")

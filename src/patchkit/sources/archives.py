@@ -29,6 +29,8 @@ from pathlib import Path
 from patchkit.errors import PatchkitError
 from patchkit.sources.base import (
     PACKAGES,
+    NoPackages,
+    NotARegularMember,
     SourceDefaults,
     check_package,
     find_package_root,
@@ -42,7 +44,24 @@ _KINDS = {"dir": "a directory", "link": "a link", "other": "not a regular file",
 
 
 class CorruptArchiveError(PatchkitError):
-    """The archive cannot be read to its end with valid checksums."""
+    """The archive cannot be read to its end with valid checksums (exit 2): its `path`, the `reason` (the
+    reader's error, e.g. a CRC mismatch or a damaged member header) and whether it was `removed` from the
+    cache so the next run downloads it afresh."""
+
+    def __init__(self, path: Path, reason: str, removed: bool):
+        self.path, self.reason, self.removed = path, reason, removed
+        note = "; removed it from the cache, the next run downloads it again" if removed else ""
+        super().__init__(f"archive {path} is corrupt or truncated ({reason}){note}")
+
+
+class UnreadableMember(PatchkitError):
+    """A zip member stored in a way patchkit does not read (exit 2): the archive `path`, the `member` and
+    the `problem` ("encrypted", or the compression method it uses)."""
+
+    def __init__(self, path: Path, member: str, problem: str):
+        self.path, self.member, self.problem = path, member, problem
+        super().__init__(f"archive {path}: {member} is {problem}; patchkit reads plain members compressed with "
+                         f"{', '.join(_METHODS.values())}")
 
 
 class UnsafeArchiveError(PatchkitError):
@@ -55,11 +74,9 @@ class UnsafeArchiveError(PatchkitError):
 
 
 def _corrupt(path: Path, error: BaseException, discard: Callable[[], None] | None) -> CorruptArchiveError:
-    note = ""
     if discard is not None:  # a cache entry: drop it so the next run downloads the archive afresh
         discard()
-        note = "; removed it from the cache, the next run downloads it again"
-    return CorruptArchiveError(f"archive {path} is corrupt or truncated ({type(error).__name__}: {error}){note}")
+    return CorruptArchiveError(path, f"{type(error).__name__}: {error}", removed=discard is not None)
 
 
 def member_name(path: Path, raw: str) -> str:
@@ -138,7 +155,7 @@ class TarGzArchive:
             self._pass(set(missing))
             for member in missing:
                 if member not in self._held:
-                    raise PatchkitError(f"{member} is not a regular file in {self.path}")
+                    raise NotARegularMember(member, "not a regular file", str(self.path))
                 found[member] = self._held[member]
         if self._files is not None:
             for member in members:
@@ -250,10 +267,9 @@ class ZipArchive:
         infos = {member: self._infos[member] for member in members}
         for member, info in infos.items():
             if info.flag_bits & 0x1:
-                raise PatchkitError(f"archive {self.path}: {member} is encrypted; patchkit reads plain members only")
+                raise UnreadableMember(self.path, member, "encrypted")
             if info.compress_type not in _METHODS:
-                raise PatchkitError(f"archive {self.path}: {member} is compressed with method {info.compress_type}, "
-                                    f"not one of {', '.join(_METHODS.values())}")
+                raise UnreadableMember(self.path, member, f"compressed with method {info.compress_type}")
             if info.file_size > limit:
                 raise InputTooLarge(f"archive {self.path}: {member}", kind, limit, info.file_size)
         try:
@@ -278,7 +294,7 @@ class ArchiveSource(SourceDefaults):
         is_file = lambda name: listing.get(name) == "file"  # noqa: E731
         self._roots = {p: root for p in PACKAGES if (root := find_package_root(p, is_file, prefix)) is not None}
         if not self._roots:
-            raise PatchkitError(f"{archive.path} holds none of the packages {', '.join(PACKAGES)}")
+            raise NoPackages(str(archive.path), [f"{p}/__init__.py" for p in PACKAGES])
 
     def read(self, package: str, path: str) -> bytes | None:
         return self.read_many(package, [path])[path]
@@ -294,10 +310,8 @@ class ArchiveSource(SourceDefaults):
         for path, relative in relatives.items():
             kind = listing.get(f"{root}/{relative}")
             if kind not in (None, "file"):
-                raise PatchkitError(
-                    f"{package}/{relative} is {_KINDS.get(kind, 'not a regular file')} in {self._archive.path}: "
-                    "patchkit reads regular files only"
-                )
+                raise NotARegularMember(f"{package}/{relative}", _KINDS.get(kind, "not a regular file"),
+                                        str(self._archive.path))
             if kind == "file":
                 members[path] = f"{root}/{relative}"
         data = self._archive.read_many(members.values())
@@ -318,8 +332,7 @@ class ArchiveSource(SourceDefaults):
         if kind is None:
             return None
         if kind != "file":
-            raise PatchkitError(f"{name} is {_KINDS.get(kind, 'not a regular file')} in {self._archive.path}: "
-                                "patchkit reads regular files only")
+            raise NotARegularMember(name, _KINDS.get(kind, "not a regular file"), str(self._archive.path))
         if isinstance(self._archive, ZipArchive):
             return self._archive.read_many([name], "metadata")[name]
         data = self._archive.read_many([name])[name]

@@ -28,6 +28,93 @@ DISTRIBUTIONS = {"vllm": "vllm", "flashinfer": "flashinfer-python"}
 PACKAGES = tuple(DISTRIBUTIONS)
 
 
+class UnknownPackage(PatchkitError):
+    """A name patchkit does not know, a typo rather than an absent package (exit 2): `name` as given, `what`
+    it was meant to name ("package" or "distribution") and the `known` ones."""
+
+    def __init__(self, name: str, known: Iterable[str], what: str = "package"):
+        self.name, self.known, self.what = name, tuple(known), what
+        super().__init__(f"unknown {what} {name!r}: patchkit knows {', '.join(self.known)}")
+
+
+_PATH_PROBLEMS = {
+    "empty": "empty path {path!r}: give a file path relative to the package root",
+    "absolute": "absolute path {path!r}: give a file path relative to the package root",
+    "not-posix": "path {path!r} is not a POSIX path (backslash or NUL character)",
+    "climbs-out": "path {path!r} climbs out of the package root ('..')",
+    "package-root": "path {path!r} names the package root itself, not a file",
+}
+
+
+class InvalidSourcePath(PatchkitError):
+    """A package-relative path that could leave the package root or names no file (exit 2): the `path` as
+    given and the `problem`: "empty", "absolute", "not-posix" (a backslash or NUL), "climbs-out" ('..') or
+    "package-root" (the root itself)."""
+
+    def __init__(self, path: object, problem: str):
+        self.path, self.problem = path, problem
+        super().__init__(_PATH_PROBLEMS[problem].format(path=path))
+
+
+class PackageFoundTwice(PatchkitError):
+    """Two candidate roots both hold the package, so every read would be a guess (exit 2): the `package`
+    and the roots `found`."""
+
+    def __init__(self, package: str, found: Iterable[str]):
+        self.package, self.found = package, tuple(found)
+        super().__init__(f"package {package!r} found twice ({' and '.join(self.found)}): point at one of them")
+
+
+class NotARegularMember(PatchkitError):
+    """A package file that is a link, a directory or another non-file (exit 2): the `member` asked for, what
+    it was `found` to be ("a link", "a directory", ...) and `where` (the archive, tree or ref)."""
+
+    def __init__(self, member: str, found: str, where: str):
+        self.member, self.found, self.where = member, found, where
+        super().__init__(f"{member} is {found} in {where}: patchkit reads regular files only")
+
+
+class NoPackages(PatchkitError):
+    """A source that holds none of the packages patchkit patches (exit 2): `where` it looked, what it
+    `looked_for`, and a `hint` at what to point at instead ("" when none)."""
+
+    def __init__(self, where: str, looked_for: Iterable[str], hint: str = ""):
+        self.where, self.looked_for, self.hint = where, tuple(looked_for), hint
+        super().__init__(f"no package found in {where}: looked for {', '.join(self.looked_for)}"
+                         + (f" ({hint})" if hint else ""))
+
+
+class NoSuchSource(PatchkitError):
+    """A source path that is not there or not what it was given as (exit 2): the `kind` of source ("sdist",
+    "wheel", "source directory", "git repository"), its `path` and the `problem` ("does not exist", "is
+    not a directory", "is not a git repository")."""
+
+    def __init__(self, kind: str, path: object, problem: str):
+        self.kind, self.path, self.problem = kind, path, problem
+        super().__init__(f"{kind} {path} {problem}")
+
+
+class NotADistribution(PatchkitError):
+    """An archive or install whose layout is not a distribution's (exit 2): its `path`, the `problem` ("not
+    an sdist", "not a wheel", "no METADATA", "several installed versions of vllm"), what was `expected`
+    and what was `found`."""
+
+    def __init__(self, path: object, problem: str, expected: str, found: str):
+        self.path, self.problem, self.expected, self.found = path, problem, expected, found
+        super().__init__(f"{path}: {problem} (expected {expected}, found {found})")
+
+
+class MetadataDisagrees(PatchkitError):
+    """A distribution's core metadata contradicts what names it (exit 2): the archive `path`, the metadata
+    `file` (PKG-INFO, METADATA), the `field` (name, version), what it `stated`, what was `expected` and
+    who `expected_by` says so ("the request", "the file name")."""
+
+    def __init__(self, path: object, file: str, field: str, stated: object, expected: object, expected_by: str):
+        self.path, self.file, self.field = path, file, field
+        self.stated, self.expected, self.expected_by = stated, expected, expected_by
+        super().__init__(f"{path}: {file} says {field} {stated}, but {expected_by} says {expected}")
+
+
 class Source(Protocol):
     """Read-only view of the packages patchkit patches."""
 
@@ -121,22 +208,22 @@ class ImageFiles(Source, Protocol):
 def check_package(package: str) -> None:
     """A package name outside DISTRIBUTIONS is a typo in a patch, not an absent package."""
     if package not in DISTRIBUTIONS:
-        raise PatchkitError(f"unknown package {package!r}: patchkit knows {', '.join(PACKAGES)}")
+        raise UnknownPackage(package, PACKAGES)
 
 
 def relative_path(path: str) -> str:
     """`path` normalised ("a/./b" -> "a/b"); refuses anything that could leave the package root."""
     if not isinstance(path, str) or not path.strip():
-        raise PatchkitError(f"empty path {path!r}: give a file path relative to the package root")
+        raise InvalidSourcePath(path, "empty")
     if path.startswith("/"):
-        raise PatchkitError(f"absolute path {path!r}: give a file path relative to the package root")
+        raise InvalidSourcePath(path, "absolute")
     if "\\" in path or "\0" in path:
-        raise PatchkitError(f"path {path!r} is not a POSIX path (backslash or NUL character)")
+        raise InvalidSourcePath(path, "not-posix")
     parts = [part for part in path.split("/") if part not in ("", ".")]
     if ".." in parts:
-        raise PatchkitError(f"path {path!r} climbs out of the package root ('..')")
+        raise InvalidSourcePath(path, "climbs-out")
     if not parts:
-        raise PatchkitError(f"path {path!r} names the package root itself, not a file")
+        raise InvalidSourcePath(path, "package-root")
     return "/".join(parts)
 
 
@@ -147,5 +234,5 @@ def find_package_root(package: str, is_file: Callable[[str], bool], base: str = 
     """
     found = [root for root in (f"{base}{package}", f"{base}src/{package}") if is_file(f"{root}/__init__.py")]
     if len(found) > 1:
-        raise PatchkitError(f"package {package!r} found twice ({' and '.join(found)}): point at one of them")
+        raise PackageFoundTwice(package, found)
     return found[0] if found else None

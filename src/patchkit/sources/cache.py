@@ -197,10 +197,19 @@ def _stamp(found: os.stat_result) -> list[int]:
     return [found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns]
 
 
+class UnsafeFileName(PatchkitError):
+    """An archive file name from the index with a directory part, which would write outside the cache
+    (exit 2): the `filename` as the index gave it."""
+
+    def __init__(self, filename: str):
+        self.filename = filename
+        super().__init__(f"refusing archive file name {filename!r} from the index")
+
+
 def _plain_filename(filename: str) -> str:
     """The index names the file; a name with a directory part must not write outside the cache."""
     if not filename or "/" in filename or "\\" in filename or filename.startswith("."):
-        raise PatchkitError(f"refusing archive file name {filename!r} from the index")
+        raise UnsafeFileName(filename)
     return filename
 
 

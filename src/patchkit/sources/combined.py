@@ -6,6 +6,14 @@ from patchkit.errors import PatchkitError
 from patchkit.sources.base import Source, SourceDefaults, check_package, relative_path
 
 
+class PackageInTwoSources(PatchkitError):
+    """Two of the sources given hold the same package (exit 2): the `package` and the `sources`' descriptions."""
+
+    def __init__(self, package: str, sources: tuple[str, str]):
+        self.package, self.sources = package, sources
+        super().__init__(f"package {package} is in two sources: {sources[0]} and {sources[1]}; give it once")
+
+
 class CombinedSource(SourceDefaults):
     """Each package read from the one source that holds it; files beside the packages belong to no one
     source, so there are none (`distribution_file` is None)."""
@@ -15,10 +23,7 @@ class CombinedSource(SourceDefaults):
         for source in sources:
             for package in source.versions():
                 if package in self._by_package:
-                    raise PatchkitError(
-                        f"package {package} is in two sources: {self._by_package[package].description} "
-                        f"and {source.description}; give it once"
-                    )
+                    raise PackageInTwoSources(package, (self._by_package[package].description, source.description))
                 self._by_package[package] = source
         self.sources = list(sources)
         self.description = " + ".join(source.description for source in sources)

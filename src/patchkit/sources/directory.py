@@ -15,6 +15,10 @@ from patchkit.errors import PatchkitError
 from patchkit.sources.base import (
     DISTRIBUTIONS,
     PACKAGES,
+    NoPackages,
+    NoSuchSource,
+    NotADistribution,
+    NotARegularMember,
     SourceDefaults,
     check_package,
     find_package_root,
@@ -29,20 +33,26 @@ from patchkit.sources.metadata import (
 )
 
 
+class OutsidePackageRoot(PatchkitError):
+    """A package file that resolves (through a link) outside its package root (exit 2): the `member` asked
+    for, the path it is `resolved` to and the package `root`."""
+
+    def __init__(self, member: str, resolved: Path, root: Path):
+        self.member, self.resolved, self.root = member, resolved, root
+        super().__init__(f"{member} resolves to {resolved}, outside the package root {root}")
+
+
 class DirectorySource(SourceDefaults):
     def __init__(self, root: str | os.PathLike[str]):
         given = Path(root).expanduser()
         if not given.is_dir():
             what = "is not a directory" if given.exists() else "does not exist"
-            raise PatchkitError(f"source directory {given} {what}")
+            raise NoSuchSource("source directory", given, what)
         self.root = given.resolve()
         self._roots = {package: found for package in PACKAGES if (found := self._find(package)) is not None}
         if not self._roots:
-            looked_for = ", ".join(f"{package}/__init__.py" for package in PACKAGES)
-            raise PatchkitError(
-                f"no package found in {self.root}: looked for {looked_for} (point at a checkout, "
-                "a package directory or a site-packages)"
-            )
+            raise NoPackages(str(self.root), [f"{package}/__init__.py" for package in PACKAGES],
+                             "point at a checkout, a package directory or a site-packages")
         self._versions = {package: self._detect_version(package, found) for package, found in self._roots.items()}
         packages = ", ".join(f"{package} {version}" for package, version in self._versions.items())
         self.description = f"{packages} directory {self.root}"
@@ -68,11 +78,11 @@ class DirectorySource(SourceDefaults):
         except (OSError, RuntimeError) as error:  # a symlink loop
             raise PatchkitError(f"cannot resolve {package}/{relative} under {root}: {error}") from error
         if not real.is_relative_to(root):
-            raise PatchkitError(f"{package}/{relative} resolves to {real}, outside the package root {root}")
+            raise OutsidePackageRoot(f"{package}/{relative}", real, root)
         if not real.exists():
             return None
         if not real.is_file():
-            raise PatchkitError(f"{package}/{relative} is not a regular file ({real})")
+            raise NotARegularMember(f"{package}/{relative}", "not a regular file", f"{root} ({real})")
         try:
             return real.read_bytes()
         except OSError as error:
@@ -113,14 +123,14 @@ class DirectorySource(SourceDefaults):
         ]
         if len(dist_infos) > 1:
             names = ", ".join(sorted(found.name for found in dist_infos))
-            raise PatchkitError(
-                f"several installed versions of {dist} in {root.parent} ({names}): remove the stale ones"
-            )
+            raise NotADistribution(root.parent, f"several installed versions of {dist}",
+                                   "one *.dist-info, the stale ones removed", names)
         version_file = root / VERSION_MODULES.get(package, "_version.py")
         if dist_infos:
             metadata = dist_infos[0] / "METADATA"
             if not metadata.is_file():
-                raise PatchkitError(f"{dist_infos[0]} has no METADATA file: the installation is broken")
+                raise NotADistribution(dist_infos[0], "no METADATA file, the installation is broken",
+                                       "a METADATA file", "none")
             return held_version(str(root), dist, metadata=metadata.read_bytes(), metadata_path=str(metadata),
                                 module_name=version_file.name, module=_maybe_read(version_file))
         if version_file.is_file() and (version := version_py(version_file.read_bytes())):

@@ -23,6 +23,9 @@ from packaging.version import InvalidVersion, Version
 from patchkit.errors import PatchkitError
 from patchkit.sources.base import (
     PACKAGES,
+    NoPackages,
+    NoSuchSource,
+    NotARegularMember,
     SourceDefaults,
     check_package,
     find_package_root,
@@ -40,6 +43,22 @@ def is_remote(location: str) -> bool:
     return "://" in location or bool(_SCP_LIKE.match(location))
 
 
+class UnknownRef(PatchkitError):
+    """A ref that names no commit in the repository (exit 2): the repository `location` and the `ref`."""
+
+    def __init__(self, location: str, ref: str):
+        self.location, self.ref = location, ref
+        super().__init__(f"ref {ref!r} is not a commit in git repository {location}")
+
+
+class GitFetchFailed(PatchkitError):
+    """Cloning or fetching a remote repository failed (exit 2): its `url` and git's `detail`."""
+
+    def __init__(self, url: str, detail: str):
+        self.url, self.detail = url, detail
+        super().__init__(f"cannot fetch git repository {url}: {detail}")
+
+
 class GitSource(SourceDefaults):
     def __init__(self, location: str, ref: str, *, cache: ArchiveCache | None = None):
         if not location or not ref:
@@ -52,10 +71,10 @@ class GitSource(SourceDefaults):
             self.commit = self._repo.commit(ref)
             self._tree = self.commit.tree
         except (git.BadName, git.BadObject, git.GitError, ValueError) as error:
-            raise PatchkitError(f"ref {ref!r} is not a commit in git repository {location}") from error
+            raise UnknownRef(location, ref) from error
         self._roots = {p: root for p in PACKAGES if (root := find_package_root(p, self._is_file)) is not None}
         if not self._roots:
-            raise PatchkitError(f"{location}@{ref} holds none of the packages {', '.join(PACKAGES)} at its top level")
+            raise NoPackages(f"{location}@{ref} at its top level", [f"{p}/__init__.py" for p in PACKAGES])
         self._versions = {package: self._detect_version(root) for package, root in self._roots.items()}
         packages = ", ".join(f"{package} {version}" for package, version in self._versions.items())
         self.description = f"{packages} git {location}@{ref} (commit {self.commit.hexsha[:12]})"
@@ -74,7 +93,7 @@ class GitSource(SourceDefaults):
             return None
         if entry.type != "blob" or stat.S_ISLNK(entry.mode):
             what = "a symlink" if entry.type == "blob" else "a directory" if entry.type == "tree" else "a submodule"
-            raise PatchkitError(f"{package}/{relative} is {what} at {self.ref}: patchkit reads regular files only")
+            raise NotARegularMember(f"{package}/{relative}", what, f"{self.location}@{self.ref}")
         return entry.data_stream.read()
 
     def distribution_file(self, path: str) -> bytes | None:
@@ -126,9 +145,9 @@ def _local_repo(location: str) -> git.Repo:
     try:
         return git.Repo(path)
     except git.NoSuchPathError as error:
-        raise PatchkitError(f"git repository {path} does not exist") from error
+        raise NoSuchSource("git repository", path, "does not exist") from error
     except git.InvalidGitRepositoryError as error:
-        raise PatchkitError(f"{path} is not a git repository") from error
+        raise NoSuchSource("directory", path, "is not a git repository") from error
 
 
 def _remote_clone(url: str, ref: str, cache: ArchiveCache) -> git.Repo:
@@ -156,7 +175,7 @@ def _remote_clone(url: str, ref: str, cache: ArchiveCache) -> git.Repo:
         return repo
     except git.GitError as error:
         detail = getattr(error, "stderr", "") or error
-        raise PatchkitError(f"cannot fetch git repository {url}: {str(detail).strip()}") from error
+        raise GitFetchFailed(url, str(detail).strip()) from error
 
 
 def _has_commit(repo: git.Repo, sha: str) -> bool:

@@ -66,6 +66,37 @@ class IndexFile:
     platforms: frozenset[str]  # wheel platform tags; empty for an sdist
 
 
+class IndexUnavailable(PatchkitError):
+    """The package index could not be asked (exit 2): the page `url`, the `reason` (the HTTP reason phrase
+    or the connection error) and the HTTP `status` when it answered (None when it could not be reached)."""
+
+    def __init__(self, url: str, reason: str, status: int | None = None):
+        self.url, self.reason, self.status = url, reason, status
+        super().__init__(f"the package index answered HTTP {status} {reason} for {url}" if status is not None
+                         else f"cannot reach the package index at {url}: {reason}")
+
+
+class NotOnIndex(PatchkitError):
+    """The index lists no such project or version (exit 2): the `dist`, the `version` asked for (None when
+    the project itself is absent), the project `page` and the `latest` releases it does list."""
+
+    def __init__(self, dist: str, version: str | None, page: str, latest: tuple[str, ...] = ()):
+        self.dist, self.version, self.page, self.latest = dist, version, page, latest
+        super().__init__(f"{dist} is not on the package index ({page} answered HTTP 404)" if version is None else
+                         f"{dist} {version} is not on the package index {page} "
+                         f"(latest releases: {', '.join(latest) or 'none'})")
+
+
+class NotAProjectPage(PatchkitError):
+    """The index answered something that is not a simple API project page (exit 2): the `page` and the
+    `detail` (its content type, or the fields PEP 691 misses)."""
+
+    def __init__(self, page: str, detail: str):
+        self.page, self.detail = page, detail
+        super().__init__(f"{page} is not a simple API project page, PEP 691 JSON or PEP 503 HTML ({detail}); "
+                         "PATCHKIT_INDEX_URL must name such an index")
+
+
 def project_files(dist: str) -> tuple[str, list[IndexFile]]:
     """(project page URL, the .tar.gz sdists and wheels of `dist` listed there)."""
     # pypi-simple (requests, pydantic) loads only when the index is asked: a warm verify never is.
@@ -78,11 +109,9 @@ def project_files(dist: str) -> tuple[str, list[IndexFile]]:
         listed = _project_page(dist, page, ACCEPT_JSON_PREFERRED)
     except requests.HTTPError as error:
         answer = error.response  # raise_for_status: always there
-        raise PatchkitError(
-            f"the package index answered HTTP {answer.status_code} {answer.reason} for {page}"
-        ) from error
+        raise IndexUnavailable(page, answer.reason, answer.status_code) from error
     except requests.RequestException as error:
-        raise PatchkitError(f"cannot reach the package index at {page}: {error}") from error
+        raise IndexUnavailable(page, str(error)) from error
     except (ValueError, UnsupportedRepoVersionError) as error:  # another content type, or files not per PEP 691
         raise _not_a_project_page(page, error) from error
     return page, [file for package in listed.packages if (file := _index_file(package, dist)) is not None]
@@ -96,7 +125,7 @@ def _project_page(dist: str, page: str, accept: str):
 
     with requests.get(page, stream=True, timeout=TIMEOUT, headers={"Accept": accept}) as response:
         if response.status_code == 404:
-            raise PatchkitError(f"{dist} is not on the package index ({page} answered HTTP 404)")
+            raise NotOnIndex(dist, None, page)
         response.raise_for_status()
         limit, parts, size = limit_of("index-page"), [], 0
         for chunk in response.iter_content(CHUNK):
@@ -120,15 +149,12 @@ def _project_page(dist: str, page: str, accept: str):
     raise UnsupportedContentTypeError(url, content_type)
 
 
-def _not_a_project_page(page: str, error: Exception) -> PatchkitError:
+def _not_a_project_page(page: str, error: Exception) -> NotAProjectPage:
     detail = str(error)
     problems = getattr(error, "errors", None)  # pydantic's ValidationError (pypi-simple's PEP 691 model): per field
     if callable(problems):
         detail = "; ".join(f"{'.'.join(map(str, p['loc']))}: {p['msg']}" for p in problems()[:3])
-    return PatchkitError(
-        f"{page} is not a simple API project page, PEP 691 JSON or PEP 503 HTML ({detail}); "
-        "PATCHKIT_INDEX_URL must name such an index"
-    )
+    return NotAProjectPage(page, detail)
 
 
 def _index_file(package: DistributionPackage, dist: str) -> IndexFile | None:
@@ -171,13 +197,11 @@ def choose_archive(dist: str, version: str) -> IndexFile:
     wanted = Version(version)
     matching = [file for file in files if file.version == wanted]
     if not matching:
-        latest = ", ".join(str(v) for v in sorted(_releases(files, None, False), reverse=True)[:5])
-        raise PatchkitError(
-            f"{dist} {version} is not on the package index {page} (latest releases: {latest or 'none'})"
-        )
+        latest = tuple(str(v) for v in sorted(_releases(files, None, False), reverse=True)[:5])
+        raise NotOnIndex(dist, version, page, latest)
     chosen = min(matching, key=lambda file: (file.yanked, _portability(file), file.filename))
     if chosen.sha256 is None:
-        raise PatchkitError(f"the index gives no sha256 for {chosen.url}: refusing an archive that cannot be verified")
+        raise UnverifiableArchive(chosen.url)
     return chosen
 
 
@@ -189,6 +213,33 @@ def _portability(file: IndexFile) -> int:
     if any(p.startswith("manylinux") and p.endswith(("_x86_64", "_aarch64")) for p in file.platforms):
         return 2
     return 3
+
+
+class UnverifiableArchive(PatchkitError):
+    """The index lists the archive without a sha256, so it cannot be verified (exit 2): its `url`."""
+
+    def __init__(self, url: str):
+        self.url = url
+        super().__init__(f"the index gives no sha256 for {url}: refusing an archive that cannot be verified")
+
+
+class DownloadFailed(PatchkitError):
+    """A download that broke off (exit 2): its `url`, the bytes `received` and the `reason` (the HTTP status
+    or the connection error); nothing is cached."""
+
+    def __init__(self, url: str, received: int, reason: str):
+        self.url, self.received, self.reason = url, received, reason
+        super().__init__(f"download of {url} failed after {received} bytes: {reason}")
+
+
+class HashMismatch(PatchkitError):
+    """A download whose sha256 is not the one the index lists (exit 2): its `url`, the `expected` and the
+    `actual` digests, the bytes `received` and the `size` the index lists."""
+
+    def __init__(self, url: str, expected: str | None, actual: str, received: int, size: int | None):
+        self.url, self.expected, self.actual, self.received, self.size = url, expected, actual, received, size
+        super().__init__(f"download of {url} does not match the index: sha256 expected {expected}, "
+                         f"got {actual} ({received} bytes received, {size} expected)")
 
 
 class OversizedDownload(PatchkitError):
@@ -243,13 +294,10 @@ def download(file: IndexFile, out: BinaryIO, *, progress: bool = True) -> None:
                     digest.update(chunk)
                     advance(len(chunk))
     except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
-        raise PatchkitError(f"download of {file.url} failed after {received} bytes: {error}") from error
+        raise DownloadFailed(file.url, received, str(error)) from error
     actual = digest.hexdigest()
     if actual != file.sha256:
-        raise PatchkitError(
-            f"download of {file.url} does not match the index: sha256 expected {file.sha256}, "
-            f"got {actual} ({received} bytes received, {file.size} expected)"
-        )
+        raise HashMismatch(file.url, file.sha256, actual, received, file.size)
 
 
 @contextlib.contextmanager

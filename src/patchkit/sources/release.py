@@ -9,8 +9,8 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from patchkit.errors import PatchkitError
-from patchkit.sources.base import DISTRIBUTIONS
 from patchkit.localfiles import file_sha256
+from patchkit.sources.base import DISTRIBUTIONS, MetadataDisagrees, UnknownPackage
 from patchkit.sources.cache import ArchiveCache, CachedArchive
 from patchkit.sources.index import IndexFile, choose_archive, download
 from patchkit.sources.metadata import same_distribution, same_version
@@ -44,7 +44,7 @@ def open_release(dist: str, version: str, *, cache: ArchiveCache, progress: bool
     """The cached archive when it was downloaded and verified before (no network), else a download."""
     package = next((p for p, d in DISTRIBUTIONS.items() if same_distribution(d, dist)), None)
     if package is None:
-        raise PatchkitError(f"unknown distribution {dist!r}: patchkit knows {', '.join(DISTRIBUTIONS.values())}")
+        raise UnknownPackage(dist, DISTRIBUTIONS.values(), what="distribution")
     cached = fetch_archive(cache, dist, version, lambda: choose_archive(dist, version), progress=progress)
     origin = f"index, sha256 {cached.sha256[:12]}"
     discard = functools.partial(cache.forget, dist, version, cached.path)  # if found corrupt
@@ -59,5 +59,5 @@ def open_release(dist: str, version: str, *, cache: ArchiveCache, progress: bool
         )
     found = source.versions().get(package)
     if found is None or not same_version(found, version):
-        raise PatchkitError(f"{cached.path} does not hold {package} {version} (found {source.versions()})")
+        raise MetadataDisagrees(cached.path, "its metadata", package, found, version, "the request")
     return source

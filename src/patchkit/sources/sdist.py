@@ -6,9 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from patchkit.errors import PatchkitError
 from patchkit.sources.archives import ArchiveSource, TarGzArchive
-from patchkit.sources.base import PACKAGES
+from patchkit.sources.base import PACKAGES, MetadataDisagrees, NoSuchSource, NotADistribution
 from patchkit.sources.cache import FileCache
 from patchkit.sources.metadata import core_metadata, same_distribution, same_version
 from patchkit.untrusted import open_regular
@@ -44,7 +43,7 @@ class SdistSource(ArchiveSource):
         if not path.is_file():
             if path.exists():  # a FIFO, device or directory: refused as what it is, never opened blocking
                 open_regular(path, "archive", f"sdist {path}").close()
-            raise PatchkitError(f"sdist {path} does not exist")
+            raise NoSuchSource("sdist", path, "does not exist")
         archive = TarGzArchive(path, keep=_in_package_dirs, files=files, key=key, discard=discard)
         tops = sorted(
             {
@@ -54,17 +53,16 @@ class SdistSource(ArchiveSource):
             }
         )
         if len(tops) != 1:
-            raise PatchkitError(
-                f"{path} is not an sdist: expected one top-level directory with a PKG-INFO, found {tops or 'none'}"
-            )
+            raise NotADistribution(path, "not an sdist", "one top-level directory with a PKG-INFO",
+                                   str(tops or "none"))
         super().__init__(archive, prefix=f"{tops[0]}/")
         name, stated = core_metadata(self._member(f"{tops[0]}/PKG-INFO"))
         if stated is None:
-            raise PatchkitError(f"{path}: {tops[0]}/PKG-INFO states no Version")
+            raise NotADistribution(path, f"{tops[0]}/PKG-INFO states no Version", "a Version field", "none")
         if dist is not None and not same_distribution(name, dist):
-            raise PatchkitError(f"{path} is an sdist of {name!r}, not of {dist!r}")
+            raise MetadataDisagrees(path, "PKG-INFO", "name", repr(name), repr(dist), "the request")
         if version is not None and not same_version(stated, version):
-            raise PatchkitError(f"{path}: PKG-INFO says version {stated}, but {version} was asked for")
+            raise MetadataDisagrees(path, "PKG-INFO", "version", stated, version, "the request")
         self._top = tops[0]
         self._versions = dict.fromkeys(self._roots, stated)
         packages = ", ".join(f"{package} {stated}" for package in self._roots)

@@ -24,20 +24,43 @@ FORMS = (
 )
 
 
+_SPEC_PROBLEMS = {
+    "empty": "empty source: give {forms}",
+    "git-form": "git source {spec!r}: write git:PATH_OR_URL@REF (REF a tag, branch or commit)",
+    "url": "source {spec!r} is a URL: a git repository is git:URL@REF, a release is its version; download a "
+           ".whl or .tar.gz and give its path",
+    "ambiguous": "{spec!r} is both a directory and a version: write ./{spec} or vllm=={spec}",
+    "not-a-version": "source {spec!r}: {detail!r} is not a version (PEP 440)",
+    "range": "source {spec!r}: a source is one exact version (vllm==0.33.0), not a range",
+    "file-kind": "source {spec!r} is a file but not a .whl or .tar.gz: give {forms}",
+    "no-such-directory": "source {spec!r}: no such directory",
+    "unknown": "unknown source {spec!r}: give {forms}",
+}
+
+
+class InvalidSourceSpec(PatchkitError):
+    """A source as typed that names no source patchkit can open (exit 2): the `spec` as given, the `problem`
+    ("empty", "git-form", "url", "ambiguous" (a directory named like a version), "not-a-version", "range",
+    "file-kind", "no-such-directory", "unknown") and the `detail` the problem is about (the version text)."""
+
+    def __init__(self, spec: str, problem: str, detail: str = ""):
+        self.spec, self.problem, self.detail = spec, problem, detail
+        super().__init__(_SPEC_PROBLEMS[problem].format(spec=spec, detail=detail, forms=FORMS))
+
+
 def open_source(spec: str | os.PathLike[str], *, cache: ArchiveCache | None = None, progress: bool = True) -> Source:
     text = os.fspath(spec).strip()
     if not text:
-        raise PatchkitError(f"empty source: give {FORMS}")
+        raise InvalidSourceSpec(text, "empty")
     if text.startswith("git:"):
         location, at, ref = text.removeprefix("git:").rpartition("@")
         if not at or not location or not ref:
-            raise PatchkitError(f"git source {spec!r}: write git:PATH_OR_URL@REF (REF a tag, branch or commit)")
+            raise InvalidSourceSpec(text, "git-form")
         from patchkit.sources.git import GitSource  # gitpython: loaded only for git sources
 
         return GitSource(location, ref, cache=cache)
     if _URL.match(text):  # Path() would fold "https://" to "https:/" and report a path nobody typed
-        raise PatchkitError(f"source {text!r} is a URL: a git repository is git:URL@REF, a release is its "
-                            f"version; download a .whl or .tar.gz and give its path")
+        raise InvalidSourceSpec(text, "url")
     path = Path(text).expanduser()
     if text.endswith(".whl"):
         return WheelSource(path)
@@ -46,21 +69,19 @@ def open_source(spec: str | os.PathLike[str], *, cache: ArchiveCache | None = No
     pinned = _PINNED.match(text)
     if pinned or _is_version(text):
         if path.is_dir() and not pinned:
-            raise PatchkitError(f"{text!r} is both a directory and a version: write ./{text} or vllm=={text}")
+            raise InvalidSourceSpec(text, "ambiguous")
         dist, version = (pinned["dist"], pinned["version"]) if pinned else ("vllm", text)
         if not _is_version(version):
-            raise PatchkitError(f"source {spec!r}: {version!r} is not a version (PEP 440)")
+            raise InvalidSourceSpec(text, "not-a-version", version)
         return open_release(dist, version, cache=cache or ArchiveCache(), progress=progress)
     if path.is_dir():
         return DirectorySource(path)
     if any(operator in text for operator in "<>~!="):
-        raise PatchkitError(f"source {spec!r}: a source is one exact version (vllm==0.33.0), not a range")
+        raise InvalidSourceSpec(text, "range")
     if path.exists():
-        raise PatchkitError(f"source {spec!r} is a file but not a .whl or .tar.gz: give {FORMS}")
+        raise InvalidSourceSpec(text, "file-kind")
     looks_like_path = "/" in text or text.startswith((".", "~"))
-    raise PatchkitError(
-        f"source {spec!r}: no such directory" if looks_like_path else f"unknown source {spec!r}: give {FORMS}"
-    )
+    raise InvalidSourceSpec(text, "no-such-directory" if looks_like_path else "unknown")
 
 
 def _is_version(text: str) -> bool:

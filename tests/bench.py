@@ -44,12 +44,12 @@ import zipfile
 from pathlib import Path
 
 from patchkit import PINNED_VLLM
+from patchkit.images.definitions import every_series
 from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
-from patchkit.sources import DirectorySource, ArchiveCache, open_source
+from patchkit.sources import ArchiveCache, DirectorySource, open_source
 from patchkit.sources.pins import pinned_flashinfer
 from patchkit.verify.matrix import compute as compute_matrix
-from patchkit.verify.matrix import load_image_series
 from patchkit.verify.render import to_dict
 from patchkit.verify.targets import Target, index_targets, parse_versions
 
@@ -224,7 +224,7 @@ def main() -> None:
     if pinned not in versions:
         versions.append(pinned)
     patchset = load_patchset(args.patches)
-    images = load_image_series(args.images, patchset)
+    images = every_series(args.images, patchset)
     targets = index_targets(parse_versions(",".join(versions)))
     user = ArchiveCache()
     companions = {}
@@ -360,7 +360,6 @@ def rebase_bench(patches_dir: Path) -> tuple[dict, dict]:
     """Per history step and patch: later edits, recovered (identical / same effect), needing a person,
     behaviour tests on the rebased set where the release's environment exists."""
     from patchkit.patching import rebase as rb
-
     from patchkit.sources.cache import default_cache_root
 
     cache_dir = default_cache_root()

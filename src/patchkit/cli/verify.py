@@ -64,9 +64,10 @@ def verify_command(versions, git_location, tag_globs, refs, with_sources, patche
     from rich.console import Console
 
     from patchkit.errors import PatchkitError
+    from patchkit.images.definitions import every_series
     from patchkit.patching.patchset import load_patchset
     from patchkit.sources import open_source
-    from patchkit.verify.matrix import compute, load_image_series
+    from patchkit.verify.matrix import compute
     from patchkit.verify.render import render, to_dict, to_markdown
     from patchkit.verify.targets import git_targets, index_targets, parse_versions
 
@@ -76,7 +77,7 @@ def verify_command(versions, git_location, tag_globs, refs, with_sources, patche
         raise click.UsageError("--tags and --ref need --git PATH_OR_URL")
     wanted = parse_versions(versions)
     patchset = load_patchset(patches_dir)
-    image_series = load_image_series(images_dir, patchset)
+    image_series = every_series(images_dir, patchset)
     if git_location:
         targets = git_targets(git_location, tag_globs or ("v*",), refs, wanted)
     else:

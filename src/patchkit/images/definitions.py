@@ -371,6 +371,14 @@ def series_named(name: str | None, images_dir: Path | str, patchset: PatchSet) -
     return patchset.series(load_images(images_dir, patchset)[name].series)
 
 
+def every_series(images_dir: Path | str | None, patchset: PatchSet) -> dict[str, tuple[str, ...]]:
+    """Each image's series by image name; the full series alone (FULL_SERIES) when there are no image
+    definitions (a patch set checked on its own)."""
+    if images_dir is None or not any(Path(images_dir).glob(f"*/{IMAGE_FILE}")):
+        return {FULL_SERIES: patchset.order}
+    return {name: image.series for name, image in sorted(load_images(images_dir, patchset).items())}
+
+
 def mirrors(images: dict[str, Image], prefix: str, name: str | None = None) -> list[tuple[str, str]]:
     """(source, mirror) for each distinct base (or the one of image `name`): the source as pinned with
     the tag dropped (skopeo refuses tag+digest), the mirror the same digest under `prefix` (e.g.

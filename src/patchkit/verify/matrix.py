@@ -24,7 +24,6 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -169,15 +168,6 @@ class Matrix:
             if all(self.images[name][column.label].builds for name in self.images):
                 return column
         return None
-
-
-def load_image_series(images_dir: Path | None, patchset: PatchSet) -> dict[str, tuple[str, ...]]:
-    """Each image's series; the full series alone ("full") when there are no image definitions."""
-    if images_dir is None or not any(Path(images_dir).glob("*/image.toml")):
-        return {FULL_SERIES: patchset.order}
-    from patchkit.images.definitions import load_images
-
-    return {name: image.series for name, image in sorted(load_images(images_dir, patchset).items())}
 
 
 def compute(

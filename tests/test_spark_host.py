@@ -49,6 +49,10 @@ def host_python() -> Path:
     return found[0]
 
 
+NETWORK_ENV = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "PIP_CERT", "PIP_INDEX_URL", "PATCHKIT_INDEX_URL",
+               "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy")
+
+
 @pytest.fixture(scope="module")
 def spark_env(tmp_path_factory):
     """The README's Spark set-up on Python 3.12: a virtualenv, `pip install nox -e .` (pip resolves the
@@ -66,6 +70,9 @@ def spark_env(tmp_path_factory):
     assert not list(venv.glob("bin/python3.11")), "the 3.12 environment must hold no python3.11"
     env = {"HOME": str(where / "home"), "PATH": f"{venv / 'bin'}:{tools}", "LANG": "C.UTF-8",
            "XDG_CACHE_HOME": str(where / "cache"), "PIP_CACHE_DIR": str(where / "pip")}
+    # The machine's way to the package index (its CA bundle, proxy, mirror), as a Spark's own shell has it:
+    # a 4p67 build fetches the image's pinned instanttensor wheel into that fresh cache.
+    env |= {k: v for k, v in os.environ.items() if k in NETWORK_ENV}
     return env
 
 

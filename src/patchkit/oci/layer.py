@@ -16,15 +16,15 @@ import hashlib
 import io
 import posixpath
 import tarfile
-import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO, Literal
 
-from isal import igzip, isal_zlib
+from isal import igzip
 
 from patchkit.errors import PatchkitError
 from patchkit.oci.media import OCI_LAYER_GZIP
+from patchkit.sources.tarscan import INFLATE_ERRORS
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
@@ -141,12 +141,15 @@ def whiteout_path(path: str) -> str:
     return posixpath.join(head, WHITEOUT_PREFIX + tail)
 
 
+MemberKind = Literal["file", "dir", "symlink", "hardlink", "whiteout", "opaque", "other"]
+
+
 @dataclass(frozen=True)
 class Member:
     """One entry of a layer being read, its name normalized. `whiteout` names the hidden path."""
 
     name: str
-    kind: Literal["file", "dir", "symlink", "hardlink", "whiteout", "opaque", "other"]
+    kind: MemberKind
     mode: int
     uid: int
     gid: int
@@ -154,7 +157,7 @@ class Member:
     linkname: str = ""
 
 
-def _kind(info: tarfile.TarInfo) -> str:
+def _kind(info: tarfile.TarInfo) -> MemberKind:
     if info.isreg():
         return "file"
     if info.isdir():
@@ -184,12 +187,19 @@ class ExtendedHeaderTooLarge(PatchkitError):
                          "a real one needs (a path and a few attributes); refused unread")
 
 
+class _HeaderSize(Exception):
+    """Raised inside tarfile, which cannot be told the layer's name; iter_layer raises it named."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+
 class _BoundedTarInfo(tarfile.TarInfo):
     """tarfile's member header with the size of extended headers checked before tarfile reads them."""
 
     def _proc_member(self, tarfile_):  # tarfile's hook for each header it meets (stable since 3.x)
         if self.type in _EXTENDED and self.size > MAX_EXTENDED_HEADER:
-            raise ExtendedHeaderTooLarge(getattr(tarfile_, "_patchkit_what", "?"), self.size)
+            raise _HeaderSize(self.size)
         return super()._proc_member(tarfile_)
 
 
@@ -207,7 +217,6 @@ def iter_layer(stream: BinaryIO, what: str) -> Iterator[tuple[Member, tarfile.Ta
     inner = igzip.IGzipFile(fileobj=rest, mode="rb") if head == b"\x1f\x8b" else rest
     try:
         with tarfile.open(fileobj=inner, mode="r|", tarinfo=_BoundedTarInfo) as tar:
-            tar._patchkit_what = what
             for info in tar:
                 name = normalize(info.name)
                 if not name:
@@ -223,7 +232,9 @@ def iter_layer(stream: BinaryIO, what: str) -> Iterator[tuple[Member, tarfile.Ta
                 yield member, tar, info
         while inner.read(1 << 20):
             pass
-    except (tarfile.TarError, OSError, EOFError, zlib.error, isal_zlib.error) as exc:
+    except _HeaderSize as exc:  # the first header is read inside tarfile.open, before any name could be set
+        raise ExtendedHeaderTooLarge(what, exc.size) from None
+    except (tarfile.TarError, *INFLATE_ERRORS) as exc:
         raise UnreadableLayer(what, f"{exc.__class__.__name__}: {exc}") from None
 
 
@@ -237,7 +248,7 @@ class _Prefixed(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buf) -> int:  # type: ignore[override]
+    def readinto(self, buf) -> int:
         if self._prefix:
             n = min(len(buf), len(self._prefix))
             buf[:n] = self._prefix[:n]

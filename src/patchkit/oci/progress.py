@@ -6,20 +6,20 @@ depend on rich, and tests run silent.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Protocol
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol
 
 
 class Progress(Protocol):
-    @contextmanager
-    def task(self, description: str, total: int | None) -> Iterator[callable]: ...
+    def task(self, description: str, total: int | None) -> AbstractContextManager[Callable[[int], None]]: ...
 
     def note(self, message: str) -> None: ...
 
 
 class Quiet:
     @contextmanager
-    def task(self, description: str, total: int | None):
+    def task(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
         yield lambda n: None
 
     def note(self, message: str) -> None:
@@ -35,7 +35,7 @@ class RichProgress:
         self.console = console or Console(stderr=True)
 
     @contextmanager
-    def task(self, description: str, total: int | None):
+    def task(self, description: str, total: int | None) -> Iterator[Callable[[int], None]]:
         from rich.progress import (
             BarColumn,
             DownloadColumn,

@@ -24,9 +24,12 @@ from patchkit.untrusted import InputTooLarge, limit_of
 
 try:  # ISA-L's inflate where the platform has a wheel (x86-64, aarch64); the same API as gzip
     from isal import igzip as _gzip
-    from isal.isal_zlib import error as _inflate_error
+    from isal.isal_zlib import error as _isal_error
+
+    # isal's stub declares `error` an instance (`error: Exception`); it is the exception class
+    _inflate_error: type[Exception] = _isal_error  # type: ignore[assignment]
 except ImportError:  # pragma: no cover - depends on the platform
-    import gzip as _gzip
+    import gzip as _gzip  # type: ignore[no-redef]  # igzip's API is gzip's
 
     _inflate_error = zlib.error
 

@@ -15,8 +15,8 @@ import pytest
 
 from hostile import assert_refused, run_patchkit
 from patchkit.patching import planner
-from patchkit.patching.patchset import load_patchset
-from patchkit.patching.record import Unrecordable, record, write_recording
+from patchkit.patching.patchset import InvalidPatchFile, load_patchset
+from patchkit.patching.record import Unrecordable, record, split_edits, write_recording
 from patchkit.sources import DirectorySource, open_source
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,3 +144,15 @@ def test_record_cli_writes_only_with_write(tmp_path, stock_files):
     assert dataclasses.astuple(recorded)[0] == "quantprobe"
     plan = planner.plan([recorded], DirectorySource(original))
     assert plan.ok and {c.path for c in plan.changes} == {"model_executor/layers/quantization/base_config.py"}
+
+
+def test_an_edit_header_not_alone_on_its_line_is_refused_not_paired_with_the_next_tables_text():
+    """TOML reads `[[ edit ]]  # note` as an [[edit]] table; patchkit's rewriters split patch.toml on lines
+    that are exactly `[[edit]]`, so such a header would merge two tables' chunks (hand-written text)."""
+    text = '[packages]\nvllm = ">=0.30"\n\n[[edit]]\nfile = "a.py"\n\n[[ edit ]]  # the second\nfile = "b.py"\n'
+    assert len(tomllib.loads(text)["edit"]) == 2
+    with pytest.raises(InvalidPatchFile) as err:
+        split_edits(text, "patch.toml", 2)
+    assert err.value.problem == "edit-header" and err.value.path == "patch.toml"
+    _, chunks = split_edits(text.replace("[[ edit ]]  # the second", "[[edit]]"), "patch.toml", 2)
+    assert [chunk.splitlines()[1] for chunk in chunks] == ['file = "a.py"', 'file = "b.py"']

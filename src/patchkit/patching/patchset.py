@@ -19,8 +19,6 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from patchkit import tomlschema
 from patchkit.errors import PatchkitError
-from patchkit.tomlschema import InvalidDefinition
-from patchkit.untrusted import read_file
 from patchkit.patching.schema import (
     EditTable,
     NeededWhenTable,
@@ -30,6 +28,8 @@ from patchkit.patching.schema import (
     UpstreamedProbeTable,
 )
 from patchkit.sources.base import DISTRIBUTIONS
+from patchkit.tomlschema import InvalidDefinition
+from patchkit.untrusted import read_file
 
 SERIES_FILE = "series.toml"
 DEFAULT_PACKAGE = "vllm"
@@ -40,6 +40,7 @@ class InvalidPatchFile(InvalidDefinition):
     (exit 2). As for any definition: `path` the patch.toml, `at` the table and key ("[[edit]] #2",
     "[packages], key 'torch'"; None for the file as a whole), `detail` what was expected and found;
     `problem` one of "folder-name" (id is not its folder's name), "unknown-package", "no-edit",
+    "edit-header" (an [[edit]] header patchkit cannot rewrite: not alone on its line),
     "no-range" (a package without a version range), "version-range" (not PEP 440), "assert-text" (an
     assert with a text), "changes-nothing", "anchor-in-text", "text-twice" (text and text_file),
     "text-file-outside", "text-file-missing", "encoding", "file-or-files", "absolute-path",
@@ -308,7 +309,7 @@ def _edit_text(raw: EditTable, toml_path: Path, at: str) -> str:
 def _candidates(raw: EditTable | UpstreamedProbeTable, toml_path: Path, at: str) -> tuple[str, ...]:
     if (raw.file is None) == (raw.files is None):
         raise InvalidPatchFile(toml_path, at, "file-or-files", "give exactly one of file or files")
-    paths = [raw.file] if raw.file is not None else raw.files
+    paths = [raw.file] if raw.file is not None else raw.files or []
     for p in paths:
         check_relative_path(p, toml_path, at)
     return tuple(paths)

@@ -158,8 +158,8 @@ class _Texts:
         """Read every file the series may touch in one go: an sdist then costs one decompression."""
         wanted: dict[str, set[str]] = {}
         for patch in patches:
-            probes = [patch.upstreamed] if patch.upstreamed else []
-            for item in [*patch.edits, *probes]:
+            items: list[Edit | Probe] = [*patch.edits, *([patch.upstreamed] if patch.upstreamed else [])]
+            for item in items:
                 if item.package in packages:
                     wanted.setdefault(item.package, set()).update(item.candidates)
         for package, paths in wanted.items():
@@ -385,8 +385,8 @@ def _check_readable(texts: _Texts, results: list[PatchResult]) -> None:
         if result.state not in (State.APPLIED, State.NOT_APPLIED):
             continue
         for e in result.edits:
-            if e.state not in (EditState.APPLIED, EditState.PENDING, EditState.HOLDS):
-                continue
+            if e.state not in (EditState.APPLIED, EditState.PENDING, EditState.HOLDS) or e.path is None:
+                continue  # (these states name the candidate they found)
             form = e.edit.applied_form
             final = texts.get(e.edit.package, e.path)
             if final.count(form) != e.edit.count:

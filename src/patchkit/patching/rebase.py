@@ -222,7 +222,7 @@ def _line_span(text: str, pos: int, length: int) -> tuple[int, int, str, str]:
     """The whole lines [first, last) holding text[pos:pos+length], and the partial-line prefix/suffix."""
     line_start = text.rfind("\n", 0, pos) + 1
     end = pos + length
-    if end > 0 and text[end - 1] == "\n" or end == len(text):
+    if (end > 0 and text[end - 1] == "\n") or end == len(text):
         line_end = end
     else:
         nl = text.find("\n", end)
@@ -237,7 +237,7 @@ def _map(opcodes, a0: int, a1: int) -> tuple[int, int, int, int]:
     b0 = b1 = None
     before = after = 0
     for tag, i1, i2, j1, j2 in opcodes:
-        if b0 is None and i1 <= a0 < i2 or (b0 is None and a0 == i2 == i1):
+        if (b0 is None and i1 <= a0 < i2) or (b0 is None and a0 == i2 == i1):
             b0 = j1 + (a0 - i1) if tag == "equal" else j1
         if b1 is None and i1 < a1 <= i2:
             b1 = j1 + (a1 - i1) if tag == "equal" else j2
@@ -255,16 +255,16 @@ def _map(opcodes, a0: int, a1: int) -> tuple[int, int, int, int]:
 def merge3(base: str, ours: str, theirs: str) -> str | None:
     """Both sides' changes to base applied, or None when they overlap (a person's call)."""
     b, o, t = (s.splitlines(keepends=True) for s in (base, ours, theirs))
-    changes = []
+    changes: list[tuple[int, int, tuple[str, ...], str]] = []  # (base lines i1:i2, their replacement, side)
     for side, other in ((o, "ours"), (t, "theirs")):
         for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, b, side, autojunk=False).get_opcodes():
             if tag != "equal":
                 changes.append((i1, i2, tuple(side[j1:j2]), other))
     changes.sort()
-    merged = []
+    merged: list[tuple[int, int, tuple[str, ...], str]] = []
     for c in changes:
         # overlapping changes conflict; so do adjacent ones where either is an insertion (order unknown)
-        if merged and (c[0] < merged[-1][1] or c[0] == merged[-1][1] and (c[0] == c[1] or merged[-1][0] == merged[-1][1])):
+        if merged and (c[0] < merged[-1][1] or (c[0] == merged[-1][1] and (c[0] == c[1] or merged[-1][0] == merged[-1][1]))):
             prev = merged[-1]
             if (prev[0], prev[1], prev[2]) == (c[0], c[1], c[2]):
                 continue  # the same change on both sides
@@ -331,7 +331,8 @@ def rebase_edit(edit: Edit, reader: _Reader, version: str, *, split: str | None)
     # The three-way step: align the old file to the new one and read off what replaced the anchor's lines.
     old_lines, new_lines = old_text.splitlines(keepends=True), new_text.splitlines(keepends=True)
     opcodes = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes()
-    regions, spans = [], []
+    regions: list[str | None] = []  # what replaced each occurrence (None: not one whole region)
+    spans: list[tuple[int, int, int, int]] = []
     start = 0
     while (pos := old_text.find(edit.anchor, start)) != -1:
         first, last, prefix, suffix = _line_span(old_text, pos, len(edit.anchor))
@@ -348,10 +349,10 @@ def rebase_edit(edit: Edit, reader: _Reader, version: str, *, split: str | None)
     if found > edit.count:
         return NeedsPerson(edit, f"the anchor is found {found}x on the new release, expected {edit.count}x: "
                                  "a count is never loosened", closest)
-    if any(r is None for r in regions) or len(set(regions)) != 1:
+    anchor = regions[0] if len(set(regions)) == 1 else None
+    if anchor is None:
         return NeedsPerson(edit, "the lines that replaced the anchor do not form one anchor "
                                  "(deleted, split, or different at each occurrence)", closest)
-    anchor = regions[0]
     similarity = difflib.SequenceMatcher(None, edit.anchor, anchor, autojunk=False).ratio()
     b0, b1, before, after = spans[0]
     why = (moved_why + f"old lines {occurrence_lines(old_text, edit.anchor)} align with new lines {b0 + 1}-{b1} "
@@ -488,7 +489,10 @@ def _rebase_patch(patch: Patch, reader: _Reader, versions: dict, old_versions: d
                 outcome.old_versions = None
                 outcome.new = RecordedEdit(**{**outcome.new.__dict__, "candidates": (outcome.evidence.new_path,),
                                               "versions": _successor_range(edit, version)})
-        (result.proposals if isinstance(outcome, Proposal) else result.people).append(outcome)
+        if isinstance(outcome, Proposal):
+            result.proposals.append(outcome)
+        else:
+            result.people.append(outcome)
     result.state = "needs-person" if result.people else "rebased" if result.proposals or grown else "unchanged"
     return result
 
@@ -499,21 +503,22 @@ def render(result: PatchRebase) -> tuple[str, dict[str, str]]:
     """The rebased patch.toml and the text files beside it (only what changed is new)."""
     patch = result.patch
     toml_path = patch.folder / "patch.toml"
-    head, chunks = split_edits(read_file(toml_path, "definition").decode("utf-8"), str(toml_path))
+    head, chunks = split_edits(read_file(toml_path, "definition").decode("utf-8"), str(toml_path), len(patch.edits))
     files: dict[str, str] = {}
     taken: set[str] = set()
     if result.new_range:
-        package, old, new = result.new_range
+        package, old_spec, new_spec = result.new_range
         lines = head.splitlines(keepends=True)
-        at = [i for i, line in enumerate(lines) if line.startswith(f"{package} =") and _spec_line(line) == SpecifierSet(old)]
+        at = [i for i, line in enumerate(lines)
+              if line.startswith(f"{package} =") and _spec_line(line) == SpecifierSet(old_spec)]
         if len(at) != 1:
             raise RebaseRefused(patch.id, "range-line", f"{toml_path}: cannot find the one line "
-                                f"'{package} = \"{old}\"' to widen to the new release")
-        lines[at[0]] = f"{package} = {toml_string(new)}\n"
+                                f"'{package} = \"{old_spec}\"' to widen to the new release")
+        lines[at[0]] = f"{package} = {toml_string(new_spec)}\n"
         head = "".join(lines)
     by_index = {p.edit.index: p for p in result.proposals}
     out = []
-    for edit, chunk in zip(patch.edits, chunks):
+    for edit, chunk in zip(patch.edits, chunks, strict=True):
         proposal = by_index.get(edit.index)
         if proposal is None:
             out.append(chunk)
@@ -713,9 +718,9 @@ def without_later_edits(patches_dir: Path, dest: Path, old: Source) -> PatchSet:
     versions = old.versions()
     for patch in patchset.series():
         toml_path = patch.folder / "patch.toml"
-        head, chunks = split_edits(read_file(toml_path, "definition").decode("utf-8"), str(toml_path))
+        head, chunks = split_edits(read_file(toml_path, "definition").decode("utf-8"), str(toml_path), len(patch.edits))
         out = []
-        for edit, chunk in zip(patch.edits, chunks):
+        for edit, chunk in zip(patch.edits, chunks, strict=True):
             if edit.package in versions and not _in(edit.versions, versions[edit.package]):
                 continue
             if edit.package in versions and len(edit.candidates) > 1:

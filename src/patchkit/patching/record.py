@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import itertools
 import json
 import os
 import shutil
@@ -24,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit.errors import PatchFailed, PatchkitError
+from patchkit.localfiles import atomic_write
 from patchkit.patching.fsops import WrongFileKind, kind
 from patchkit.patching.patchset import Edit, InvalidPatchFile, Patch, load_patch
 from patchkit.sources.base import PACKAGES
-from patchkit.localfiles import atomic_write
 from patchkit.sources.directory import DirectorySource
 from patchkit.untrusted import read_file
 
@@ -96,7 +97,7 @@ class Recording:
 def toml_string(value: str) -> str:
     """A TOML string that reads back as exactly `value`: a multi-line literal where it can be, else basic."""
     if "\n" in value and "'''" not in value and not value.startswith("\n") and not value.endswith("'") \
-            and all(c in "\n\t" or ord(c) >= 0x20 and c != "\x7f" for c in value):
+            and all(c in "\n\t" or (ord(c) >= 0x20 and c != "\x7f") for c in value):
         return "'''" + value + "'''"
     return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
 
@@ -124,13 +125,18 @@ def edit_block(edit: RecordedEdit, *, comment: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def split_edits(toml_text: str, where: str) -> tuple[str, list[str]]:
+def split_edits(toml_text: str, where: str, edits: int) -> tuple[str, list[str]]:
     """patch.toml as its head (everything before the first [[edit]] and that edit's comments) and one
-    chunk per [[edit]] table (its leading comments, its keys, the blank lines after it)."""
+    chunk per [[edit]] table (its leading comments, its keys, the blank lines after it). `edits` is how
+    many tables the file parsed to: a header written otherwise (`[[ edit ]]`, a comment after it) would
+    merge two tables' chunks, and the edits would be paired with the wrong text."""
     lines = toml_text.splitlines(keepends=True)
     headers = [i for i, line in enumerate(lines) if line.rstrip("\n") == EDIT_HEADER]
     if not headers:
         raise InvalidPatchFile(where, None, "no-edit", "no [[edit]] table found")
+    if len(headers) != edits:
+        raise InvalidPatchFile(where, None, "edit-header", f"{edits} [[edit]] tables, {len(headers)} of them "
+                               f"headed by a line that is exactly {EDIT_HEADER}: patchkit rewrites only such tables")
     starts = []
     for h in headers:  # a table's own comment lines directly above it travel with it
         s = h
@@ -138,7 +144,7 @@ def split_edits(toml_text: str, where: str) -> tuple[str, list[str]]:
             s -= 1
         starts.append(s)
     head = "".join(lines[: starts[0]])
-    chunks = ["".join(lines[s:e]) for s, e in zip(starts, starts[1:] + [len(lines)])]
+    chunks = ["".join(lines[s:e]) for s, e in itertools.pairwise([*starts, len(lines)])]
     return head, chunks
 
 
@@ -364,7 +370,7 @@ def _in_range(edit: Edit, versions: dict[str, str]) -> bool:
 def _rewrite_edits(patch: Patch, edits: list[RecordedEdit], keep: list[Edit]) -> str:
     """patch.toml with the in-range edits replaced by the recorded ones; other releases' edits kept as written."""
     toml_path = patch.folder / "patch.toml"
-    head, chunks = split_edits(read_file(toml_path, "definition").decode("utf-8"), str(toml_path))
+    head, chunks = split_edits(read_file(toml_path, "definition").decode("utf-8"), str(toml_path), len(patch.edits))
     kept = [chunks[e.index - 1] for e in keep]
     body = "\n".join(edit_block(e, comment="recorded by patchkit record") for e in edits)
     return head + body + ("\n" + "".join(kept) if kept else "")

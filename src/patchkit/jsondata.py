@@ -48,6 +48,7 @@ def decode(data: bytes, schema: type[T], what: str) -> T:
         return msgspec.json.decode(data, type=schema)
     except msgspec.ValidationError as exc:
         m = _AT.match(str(exc))
+        assert m is not None  # every group is optional: the pattern matches any message
         problem = m.group("problem")
         raise MalformedJson(what, problem[:1].lower() + problem[1:], m.group("at") or "$") from None
     except msgspec.DecodeError as exc:

@@ -74,6 +74,7 @@ def decode(data: bytes, schema: type[T], path: Path | str) -> T:
         return msgspec.toml.decode(data, type=schema)
     except msgspec.ValidationError as exc:
         m = _AT.match(str(exc))
+        assert m is not None  # every group is optional: the pattern matches any message
         at = _name_free_key(data, schema, m.group("path") or "$")
         what = m.group("what")[0].lower() + m.group("what")[1:]
         what = what.replace("object contains unknown field", "unknown key").replace(
@@ -102,7 +103,8 @@ def _name_free_key(data: bytes | str, schema: type, path: str) -> str:
         return path
     doc = tomllib.loads(data if isinstance(data, str) else data.decode("utf-8"))  # it parsed once already
     steps = [m.group(1) or m.group(3) or int(m.group(2)) for m in _STEP.finditer(head)]
-    table, kind = doc, schema
+    table: Any = doc  # a table, an array or a value, as the steps go down
+    kind: Any = schema
     for step in steps:
         table, kind = table[step], _member_type(kind, step)
     value_type = get_args(_required(kind))[1] if get_origin(_required(kind)) is dict else None
@@ -128,7 +130,7 @@ def _member_type(kind: Any, step: str | int) -> Any:
     kind = _required(kind)
     if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
         names = {f.encode_name: f.name for f in msgspec.structs.fields(kind)}
-        return get_type_hints(kind, include_extras=True).get(names.get(step, ""))
+        return get_type_hints(kind, include_extras=True).get(names.get(step, "")) if isinstance(step, str) else None
     if get_origin(kind) is dict:
         return get_args(kind)[1]
     if get_origin(kind) in (list, tuple) and isinstance(step, int):
@@ -138,7 +140,7 @@ def _member_type(kind: Any, step: str | int) -> Any:
 
 def _choices(schema: type, path: str) -> tuple | None:
     """The values a Literal field admits, found by walking `path` through the schema's types."""
-    info = msgspec.inspect.type_info(schema)
+    info: msgspec.inspect.Type | None = msgspec.inspect.type_info(schema)
     for m in _STEP.finditer(path):
         while isinstance(info, msgspec.inspect.UnionType):  # `X | None`: the non-None member
             info = next(t for t in info.types if not isinstance(t, msgspec.inspect.NoneType))

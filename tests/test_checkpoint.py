@@ -11,13 +11,15 @@ import numpy as np
 import pytest
 import safetensors
 
-from patchkit.checkpoint.headers import TensorInfo, read_header, read_headers
-from patchkit.checkpoint.identity import sha256_bytes, verify_identity
+from patchkit.checkpoint.headers import InvalidShard, ShardDisagreesWithIndex, TensorInfo, read_header, read_headers
+from patchkit.checkpoint.identity import InvalidWeightMap, PinMismatch, PinsIncomplete, sha256_bytes, verify_identity
 from patchkit.checkpoint.inventory import format_of, inventory
 from patchkit.checkpoint.memory import per_rank_bytes
 from patchkit.errors import PatchkitError
+from patchkit.jsondata import MalformedJson
 from patchkit.smoke.synthetic_config import write_header_set
 from patchkit.smoke.synthetic_layout import LAYOUTS, REAL_DIMS, TINY_DIMS, modules, tensor_headers
+from patchkit.untrusted import InputTooLarge
 from patchkit.variants.definitions import Pins
 
 # safetensors dtype names for the library's serializer
@@ -76,29 +78,38 @@ def _raw(header: dict, data: bytes = b"") -> bytes:
 
 
 @pytest.mark.parametrize(
-    ("content", "message"),
+    ("content", "kind", "what"),  # `what`: an InvalidShard's problem, else the message of the shared kind
     [
-        (b"\x01\x00", "shorter than the 8-byte"),
-        (struct.pack("<Q", 500) + b"{}", "header truncated"),
-        (struct.pack("<Q", 200 * 1024 * 1024), "over the 104,857,600 B limit for a safetensors-header"),
-        (struct.pack("<Q", 3) + b"{x}", "not valid JSON"),
-        (_raw([1]), "expected `object`, got `array`"),
-        (_raw({"t": {"dtype": "F32", "shape": [2]}}), "malformed entry"),
-        (_raw({"t": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}), "unknown dtype 'Q4'"),
-        (_raw({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4), "needs 8"),
-        (_raw({"t": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}), "invalid shape"),
+        (b"\x01\x00", InvalidShard, "short"),
+        (struct.pack("<Q", 500) + b"{}", InvalidShard, "truncated"),
+        (struct.pack("<Q", 200 * 1024 * 1024), InputTooLarge, "over the 104,857,600 B limit for a safetensors-header"),
+        (struct.pack("<Q", 3) + b"{x}", MalformedJson, "not valid JSON"),
+        (_raw([1]), MalformedJson, "expected `object`, got `array`"),
+        (_raw({"t": {"dtype": "F32", "shape": [2]}}), MalformedJson, "malformed entry"),
+        (_raw({"t": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}), InvalidShard, "dtype"),
+        (_raw({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4), InvalidShard, "span"),
+        (_raw({"t": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}), MalformedJson, "invalid shape"),
         (
             _raw({"a": {"dtype": "U8", "shape": [2], "data_offsets": [4, 6]},
                   "b": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}}, b"\0" * 6),
-            "starts at 4, expected 2",
+            InvalidShard, "layout",
         ),
-        (_raw({"t": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}, b"\0" * 3), "file is"),
+        (_raw({"t": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}, b"\0" * 3), InvalidShard, "file-size"),
     ],
 )
-def test_malformed_headers_fail_closed(tmp_path, content, message):
+def test_malformed_headers_fail_closed(tmp_path, content, kind, what):
     path = tmp_path / "bad.safetensors"
     path.write_bytes(content)
-    with pytest.raises(PatchkitError, match=message):
+    with pytest.raises(kind, match=None if kind is InvalidShard else what) as info:
+        read_header(path)
+    if kind is InvalidShard:
+        assert (info.value.path, info.value.problem) == (path, what)
+
+
+def test_a_shard_error_names_what_was_expected_and_found(tmp_path):
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(_raw({"a": {"dtype": "U8", "shape": [2], "data_offsets": [4, 6]}}, b"\0" * 6))
+    with pytest.raises(InvalidShard, match=r"bad.safetensors: tensor 'a' starts at 4, expected 0 \(hole or overlap\)"):
         read_header(path)
 
 
@@ -128,10 +139,12 @@ def test_identity_then_headers_on_tiny_real_files(tmp_path):
 def test_identity_refuses_before_parsing(tmp_path):
     root, pins = _checkpoint(tmp_path)
     (root / "config.json").write_text("{broken")  # would fail to parse; must fail on the hash first
-    with pytest.raises(PatchkitError, match="does not match the pin .*refusing to read it"):
+    with pytest.raises(PinMismatch, match=r"does not match the pin .*refusing to read it") as mismatch:
         verify_identity(root, pins)
-    with pytest.raises(PatchkitError, match="unpinned"):
+    assert (mismatch.value.path, mismatch.value.pin) == (root / "config.json", pins.config_sha256)
+    with pytest.raises(PinsIncomplete) as incomplete:
         verify_identity(root, Pins(pins.config_sha256, None))
+    assert incomplete.value.unpinned == ("model.safetensors.index.json",)
 
 
 def test_identity_with_matching_pins_still_validates_structure(tmp_path):
@@ -143,8 +156,9 @@ def test_identity_with_matching_pins_still_validates_structure(tmp_path):
         verify_identity(root, pins)
     (root / "config.json").write_text("{}")
     pins = Pins(sha256_bytes(b"{}"), pins.index_sha256)
-    with pytest.raises(PatchkitError, match="invalid shard name"):
+    with pytest.raises(InvalidWeightMap) as info:
         verify_identity(root, pins)
+    assert (info.value.problem, info.value.tensor, info.value.shard) == ("shard-name", "t", "../x.safetensors")
 
 
 def test_index_and_shards_must_agree(tmp_path):
@@ -153,11 +167,13 @@ def test_index_and_shards_must_agree(tmp_path):
     index["weight_map"]["model.extra.weight"] = "model-00002-of-00002.safetensors"
     (root / "model.safetensors.index.json").write_text(json.dumps(index))
     pins = Pins(sha256_bytes((root / "config.json").read_bytes()), sha256_bytes((root / "model.safetensors.index.json").read_bytes()))
-    with pytest.raises(PatchkitError, match="1 listed tensors missing \\['model.extra.weight'\\]"):
+    with pytest.raises(ShardDisagreesWithIndex, match=r"1 listed tensors missing \['model.extra.weight'\]") as info:
         read_headers(verify_identity(root, pins))
+    assert (info.value.missing, info.value.extra) == (["model.extra.weight"], [])
     (root / "model-00002-of-00002.safetensors").unlink()
-    with pytest.raises(PatchkitError, match="is missing"):
+    with pytest.raises(InvalidShard) as missing:
         read_headers(verify_identity(root, pins))
+    assert (missing.value.path, missing.value.problem) == (root / "model-00002-of-00002.safetensors", "missing")
 
 
 def _info(dtype, *shape):

@@ -10,15 +10,17 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from patchkit.checkpoint.identity import sha256_bytes
+from patchkit.checkpoint.identity import PinMismatch, sha256_bytes
 from patchkit.checkpoint.memory import GB10_MEMORY_GIB
-from patchkit.checkpoint.preflight import detect_variant, preflight
+from patchkit.checkpoint.preflight import NoMatchingVariant, detect_variant, preflight
+from patchkit.checkpoint.quant_config import InvalidQuantConfig, NoQuantConfig, QuantMismatch
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import series_named
 from patchkit.patching.patchset import load_patchset
 from patchkit.smoke.synthetic_config import write_header_set
 from patchkit.smoke.synthetic_layout import LAYOUTS, REAL_DIMS, TINY_DIMS
 from patchkit.variants.definitions import Pins, find_variant
+from patchkit.variants.pins import Unpinned
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
 PATCHES = load_patchset(IMAGES.parent / "patches")
@@ -138,15 +140,19 @@ def test_quantized_attention_in_a_flat_checkpoint_cannot_load(tmp_path):
 
 def test_identity_and_declaration_fail_closed(tmp_path):
     root = make(tmp_path, "lab")
-    with pytest.raises(PatchkitError, match="no known SHA-256 pin"):
+    with pytest.raises(Unpinned):
         check(root, unpinned("lab"))
-    with pytest.raises(PatchkitError, match="does not match the pin"):
+    with pytest.raises(PinMismatch) as mismatch:
         check(root, unpinned("lab"), pin_config="0" * 64, pin_index=pins_of(root)["pin_index"])
-    with pytest.raises(PatchkitError, match="declares modelopt MIXED_PRECISION; variant nvidia-nvfp4 expects modelopt NVFP4"):
+    assert (mismatch.value.path, mismatch.value.pin) == (root / "config.json", "0" * 64)
+    with pytest.raises(QuantMismatch) as declared:
         check(root, unpinned("nvidia-nvfp4"), **pins_of(root))
+    assert (declared.value.variant, declared.value.declares, declared.value.expects) == (
+        "nvidia-nvfp4", "modelopt MIXED_PRECISION", "modelopt NVFP4")
     # No variant named and no pinned variant matches these files.
-    with pytest.raises(PatchkitError, match="matches no pinned variant.*--variant"):
+    with pytest.raises(NoMatchingVariant, match=r"matches no pinned variant.*--variant") as none:
         detect_variant(root, IMAGES)
+    assert (none.value.root, none.value.partial) == (root, ())
 
 
 def test_variant_is_detected_from_its_pins(tmp_path):
@@ -173,14 +179,17 @@ def test_a_partly_pinned_variant_is_named_but_never_detected(tmp_path):
     own = find_variant("redhat", IMAGES).checkpoint.pins
     assert own.config_sha256 is None and own.index_sha256 in text
     (images / "glm53-flash-nvfp4-redhat" / "variant.toml").write_text(text.replace(own.index_sha256, pins_of(root)["pin_index"]))
-    with pytest.raises(PatchkitError, match="matches no pinned variant.*known pins match variant redhat, which pins only part"):
+    with pytest.raises(NoMatchingVariant) as none:
         detect_variant(root, images)
+    assert none.value.partial == ("redhat",)
     partial = find_variant("redhat", images)
-    with pytest.raises(PatchkitError, match="no known SHA-256 pin for config.json"):
+    with pytest.raises(Unpinned) as unpinned_config:
         check(root, partial)
+    assert unpinned_config.value.label == "config.json"
     assert check(root, partial, pin_config=pins_of(root)["pin_config"]).ok
-    with pytest.raises(PatchkitError, match="does not match the pin"):
+    with pytest.raises(PinMismatch) as mismatch:
         check(root, partial, pin_config="0" * 64)
+    assert mismatch.value.pin == "0" * 64
 
 
 # ---------------------------------------------------------------- the real RedHat layout (compressed-tensors)
@@ -280,11 +289,13 @@ def test_modelopt_mixed_reads_its_layer_table_from_hf_quant_config_json(tmp_path
     assert any("which no pin covers" in n for n in report.notes)
 
     (root / "hf_quant_config.json").write_text(json.dumps({**nested, "producer": {"name": "other"}}))
-    with pytest.raises(PatchkitError, match="producer.name is not 'modelopt'"):
+    with pytest.raises(InvalidQuantConfig) as producer:
         check(root, unpinned("lab"), **pins_of(root))
+    assert (producer.value.where, producer.value.field) == (str(root / "hf_quant_config.json"), "producer.name")
     (root / "hf_quant_config.json").unlink()
-    with pytest.raises(PatchkitError, match=r"no quantization_config with quantized_layers.*hf_quant_config.json \(found none\)"):
+    with pytest.raises(NoQuantConfig, match=r"no quantization_config with quantized_layers.*\(found none\)") as none:
         check(root, unpinned("lab"), **pins_of(root))
+    assert (none.value.method, none.value.without_layers, none.value.found) == ("modelopt_mixed", True, ())
 
 
 def _rename_tensors(root: Path, old: str, new: str) -> None:

@@ -8,18 +8,20 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.checkpoint.identity import sha256_bytes
+from patchkit.checkpoint.identity import PinMismatch, sha256_bytes
 from patchkit.checkpoint.mtp_ignore import (
     extended_quantization_config,
     hf_overrides,
     patterns,
     predictor_layers,
 )
-from patchkit.checkpoint.serve import serve_args, serve_command
+from patchkit.checkpoint.quant_config import QuantMismatch
+from patchkit.checkpoint.serve import NodeRankOutOfRange, serve_args, serve_command
 from patchkit.errors import PatchkitError
 from patchkit.smoke.synthetic_config import write_header_set
 from patchkit.smoke.synthetic_layout import LAYOUTS, TINY_DIMS
 from patchkit.variants.definitions import find_variant, load_variants
+from patchkit.variants.pins import PinContradicted
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
 
@@ -171,12 +173,14 @@ def test_nvidia_override_derived_only_after_identity(tmp_path):
     variant = find_variant("nvidia-nvfp4", IMAGES)
     root, _, _ = _checkpoint(tmp_path, "nvidia-nvfp4")
     # The variant's real pins do not match this synthetic checkpoint: refused before any parse.
-    with pytest.raises(PatchkitError, match="does not match the pin"):
+    with pytest.raises(PinMismatch) as before:
         serve_args(variant, root)
+    assert before.value.pin == variant.checkpoint.pins.config_sha256
     # A config that is not even JSON must not be read at all when its hash is wrong.
     (root / "config.json").write_text("{not json")
-    with pytest.raises(PatchkitError, match="does not match the pin"):
+    with pytest.raises(PinMismatch) as unparsed:
         serve_args(variant, root)
+    assert unparsed.value.path == root / "config.json"
 
 
 def test_override_on_a_verified_checkpoint(tmp_path):
@@ -197,11 +201,13 @@ def test_override_on_a_verified_checkpoint(tmp_path):
         config["quantization_config"], ignore=config["quantization_config"]["ignore"] + EXPECTED_45
     )}
     # The 4p67 variant is another checkpoint: its layout does not match this config.
-    with pytest.raises(PatchkitError, match="declares modelopt NVFP4; variant 4p67 expects modelopt MIXED_PRECISION"):
+    with pytest.raises(QuantMismatch) as other:
         serve_args(mixed, root, pin_config=config_sha, pin_index=index_sha)
+    assert (other.value.declares, other.value.expects) == ("modelopt NVFP4", "modelopt MIXED_PRECISION")
     # The pinned lab variant refuses these files before reading them.
-    with pytest.raises(PatchkitError, match="contradicts"):
+    with pytest.raises(PinContradicted) as pinned:
         serve_args(find_variant("lab", IMAGES), root, pin_config=config_sha, pin_index=index_sha)
+    assert pinned.value.variant == "lab"
 
 
 def test_for_node_adds_multinode_flags():
@@ -210,8 +216,9 @@ def test_for_node_adds_multinode_flags():
     head, worker = cmd.for_node(0, 2, "10.0.0.1"), cmd.for_node(1, 2, "10.0.0.1")
     assert head[-6:] == ("--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1")
     assert worker[-1] == "--headless" and "1" == worker[worker.index("--node-rank") + 1]
-    with pytest.raises(PatchkitError):
+    with pytest.raises(NodeRankOutOfRange, match=r"node rank 2 outside 0\.\.1") as info:
         cmd.for_node(2, 2, "h")
+    assert (info.value.rank, info.value.nnodes) == (2, 2)
 
 
 @pytest.mark.vllm

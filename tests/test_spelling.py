@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from patchkit.checkpoint.identity import INDEX
+from patchkit.checkpoint.identity import INDEX, InvalidWeightMap, NotACheckpoint
 from patchkit.checkpoint.spelling import nested_loaders, read_spelling, spelling_of
-from patchkit.errors import PatchkitError
 from patchkit.images.definitions import load_images
+from patchkit.jsondata import MalformedJson
 from patchkit.patching.patchset import load_patchset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,15 +122,15 @@ def test_read_from_a_checkpoint_index(tmp_path):
     assert read_spelling(tmp_path).kind == "nested"
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, f"no {INDEX}"),
-    ("{not json", "not valid JSON"),
-    ("[1]", "not a JSON object"),
-    ('{"weight_map": {}}', "no weight_map"),
-    ('{"metadata": {}}', "no weight_map"),
+@pytest.mark.parametrize("content, kind, message", [
+    (None, NotACheckpoint, f"checkpoint .* has no {INDEX}"),
+    ("{not json", MalformedJson, "not valid JSON"),
+    ("[1]", MalformedJson, "not a JSON object"),
+    ('{"weight_map": {}}', InvalidWeightMap, "no weight_map"),
+    ('{"metadata": {}}', InvalidWeightMap, "no weight_map"),
 ])
-def test_unreadable_indexes_are_clear_errors(tmp_path, content, message):
+def test_unreadable_indexes_are_clear_errors(tmp_path, content, kind, message):
     if content is not None:
         (tmp_path / INDEX).write_text(content)
-    with pytest.raises(PatchkitError, match=message):
+    with pytest.raises(kind, match=message):
         read_spelling(tmp_path)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from patchkit.errors import PatchkitError
-from patchkit.variants.definitions import PINNED_KV_BYTES, find_variant, load_variant, load_variants
-from patchkit.variants.pins import resolve_pins
+from patchkit.variants.definitions import PINNED_KV_BYTES, UnknownVariant, find_variant, load_variant, load_variants
+from patchkit.variants.pins import InvalidPin, PinContradicted, Unpinned, resolve_pins
 from patchkit.vllm_rules import check_method
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,19 +128,23 @@ def test_redhat_index_pin_is_the_public_manifests_and_its_config_stays_unpinned(
     assert redhat.checkpoint.pins.index_sha256 == rows["model.safetensors.index.json"]["upstream_lfs_sha256"]
     assert rows["config.json"]["upstream_lfs_sha256"] == "" and redhat.checkpoint.pins.config_sha256 is None
     assert not redhat.pinned and "--pin-config" in redhat.checkpoint.pin_source
-    with pytest.raises(PatchkitError, match="no known SHA-256 pin for config.json.*--pin-config"):
+    with pytest.raises(Unpinned) as unpinned:
         resolve_pins(redhat)
+    assert (unpinned.value.variant, unpinned.value.label) == ("redhat", "config.json")
     index = redhat.checkpoint.pins.index_sha256
     assert resolve_pins(redhat, config_sha256=SHA_A) == resolve_pins(redhat, config_sha256=SHA_A, index_sha256=index)
     assert resolve_pins(redhat, config_sha256=SHA_A).index_sha256 == index
-    with pytest.raises(PatchkitError, match="pins model.safetensors.index.json sha256 015faae9.*contradicts"):
+    with pytest.raises(PinContradicted) as contradicted:
         resolve_pins(redhat, config_sha256=SHA_A, index_sha256=SHA_B)
+    assert (contradicted.value.label, contradicted.value.own, contradicted.value.given) == (
+        "model.safetensors.index.json", index, SHA_B)
 
 
 def test_aliases_resolve():
     assert find_variant("nvfp4-spark", IMAGES).name == "lab"
-    with pytest.raises(PatchkitError, match="unknown variant 'nope'.*lab \\(nvfp4-spark\\)"):
+    with pytest.raises(UnknownVariant, match="unknown variant 'nope'; known: ") as info:
         find_variant("nope", IMAGES)
+    assert info.value.name == "nope" and "lab (nvfp4-spark)" in info.value.known
 
 
 def test_variant_patches_exist_in_the_patch_set(variants):
@@ -267,10 +271,12 @@ def test_duplicate_alias_across_variants_is_refused(tmp_path):
 
 def test_unpinned_variant_refuses_identity_without_user_pins(variants):
     lab = variants["4p67"]
-    with pytest.raises(PatchkitError, match="no known SHA-256 pin for config.json.*--pin-config"):
+    with pytest.raises(Unpinned, match="no known SHA-256 pin for config.json.*--pin-config") as config:
         resolve_pins(lab)
-    with pytest.raises(PatchkitError, match="model.safetensors.index.json"):
+    assert (config.value.variant, config.value.label) == ("4p67", "config.json")
+    with pytest.raises(Unpinned) as index:
         resolve_pins(lab, config_sha256=SHA_A)
+    assert index.value.label == "model.safetensors.index.json"
     pins = resolve_pins(lab, config_sha256=SHA_A, index_sha256=SHA_B.upper())
     assert (pins.config_sha256, pins.index_sha256) == (SHA_A, SHA_B)
 
@@ -280,13 +286,15 @@ def test_user_pin_cannot_override_a_known_pin(variants):
     own = nvidia.checkpoint.pins
     assert resolve_pins(nvidia) == own
     assert resolve_pins(nvidia, config_sha256=own.config_sha256) == own
-    with pytest.raises(PatchkitError, match="contradicts"):
+    with pytest.raises(PinContradicted, match="; the pin given .* contradicts it") as info:
         resolve_pins(nvidia, config_sha256=SHA_A)
+    assert (info.value.variant, info.value.own, info.value.given) == ("nvidia-nvfp4", own.config_sha256, SHA_A)
 
 
 def test_malformed_user_pin_is_refused(variants):
-    with pytest.raises(PatchkitError, match="not a SHA-256"):
+    with pytest.raises(InvalidPin) as info:
         resolve_pins(variants["4p67"], config_sha256="abc", index_sha256=SHA_B)
+    assert (info.value.label, info.value.given) == ("config.json", "abc")
 
 
 def test_variant_files_say_where_pins_stand(variants):

@@ -55,30 +55,51 @@ class ShardHeader:
     header_only: bool  # the file holds the header and no tensor data (a header dump)
 
 
+class InvalidShard(PatchkitError):
+    """A safetensors shard that is absent or whose header does not describe its bytes (exit 2): the shard's
+    `path`, the `problem` ("missing", "unreadable", "short", "truncated", "dtype", "offsets", "span", "layout"
+    (a hole or overlap), "file-size", "index" (its tensors are not the index's)) and the `detail` that says
+    what was expected and found."""
+
+    def __init__(self, path: Path, problem: str, detail: str = ""):
+        self.path, self.problem, self.detail = path, problem, detail
+        super().__init__(f"shard {path} is missing" if problem == "missing" else f"{path}: {detail}")
+
+
+class ShardDisagreesWithIndex(InvalidShard):
+    """A shard whose tensors are not the ones the index maps to it (exit 2): the shard's `path`, the
+    `missing` tensors the index lists and the `extra` ones it holds unlisted."""
+
+    def __init__(self, path: Path, missing: list[str], extra: list[str]):
+        self.missing, self.extra = missing, extra
+        super().__init__(path, "index", f"disagrees with the index: {len(missing)} listed tensors missing "
+                                        f"{missing[:3]}, {len(extra)} unlisted tensors present {extra[:3]}")
+
+
 def _header_bytes(path: Path) -> tuple[int, bytes, int]:
     """(N, the N header bytes, the file's size): the 8-byte prefix is checked against the header limit and
     the file's own size before a byte of the header is read."""
     what = f"shard {path}"
     if not path.exists() and not path.is_symlink():
-        raise PatchkitError(f"shard {path} is missing")
+        raise InvalidShard(path, "missing")
     with open_regular(path, "safetensors-shard", what) as fh:
         try:
             size = os.fstat(fh.fileno()).st_size
             prefix = fh.read(8)
             if len(prefix) != 8:
-                raise PatchkitError(f"{path}: shorter than the 8-byte safetensors length prefix")
+                raise InvalidShard(path, "short", "shorter than the 8-byte safetensors length prefix")
             (length,) = struct.unpack("<Q", prefix)
             limit = limit_of("safetensors-header")
             if length > limit:
                 raise InputTooLarge(f"{path}: header length prefix", "safetensors-header", limit, length)
             if 8 + length > size:
-                raise PatchkitError(f"{path}: header truncated: the prefix says {length:,} B, the file holds "
-                                    f"{size - 8:,} after it")
+                raise InvalidShard(path, "truncated", f"header truncated: the prefix says {length:,} B, the file "
+                                                      f"holds {size - 8:,} after it")
             raw = fh.read(length)
         except OSError as exc:
-            raise PatchkitError(f"{what}: cannot be read: {exc.strerror or exc}") from None
+            raise InvalidShard(path, "unreadable", f"cannot be read: {exc.strerror or exc}") from None
     if len(raw) != length:
-        raise PatchkitError(f"{path}: header truncated ({len(raw)} of {length} bytes)")
+        raise InvalidShard(path, "truncated", f"header truncated ({len(raw)} of {length} bytes)")
     return length, raw, size
 
 
@@ -102,21 +123,21 @@ def read_header(path: Path) -> ShardHeader:
         dtype, shape, (begin, end) = entry.dtype, tuple(entry.shape), entry.data_offsets
         bits = DTYPE_BITS.get(dtype)
         if bits is None:
-            raise PatchkitError(f"{path}: tensor {name!r} has unknown dtype {dtype!r}")
+            raise InvalidShard(path, "dtype", f"tensor {name!r} has unknown dtype {dtype!r}")
         if begin > end:
-            raise PatchkitError(f"{path}: tensor {name!r} has an invalid shape or offsets: {begin} > {end}")
+            raise InvalidShard(path, "offsets", f"tensor {name!r} has an invalid shape or offsets: {begin} > {end}")
         nbytes = (math.prod(shape) * bits + 7) // 8
         if end - begin != nbytes:
-            raise PatchkitError(
-                f"{path}: tensor {name!r} spans {end - begin} bytes but {dtype} {list(shape)} needs {nbytes}"
-            )
+            raise InvalidShard(path, "span", f"tensor {name!r} spans {end - begin} bytes but {dtype} {list(shape)} "
+                                             f"needs {nbytes}")
         tensors[name] = TensorInfo(dtype, shape, nbytes)
         spans.append((begin, end, name))
     spans.sort()
     cursor = 0
     for begin, end, name in spans:
         if begin != cursor:
-            raise PatchkitError(f"{path}: tensor {name!r} starts at {begin}, expected {cursor} (hole or overlap)")
+            raise InvalidShard(path, "layout",
+                               f"tensor {name!r} starts at {begin}, expected {cursor} (hole or overlap)")
         cursor = end
     expected = 8 + length + cursor
     if size == expected:
@@ -124,9 +145,8 @@ def read_header(path: Path) -> ShardHeader:
     elif size == 8 + length and cursor > 0:
         header_only = True
     else:
-        raise PatchkitError(
-            f"{path}: file is {size} bytes; the header describes {expected} (or {8 + length} for a header dump)"
-        )
+        raise InvalidShard(path, "file-size", f"file is {size} bytes; the header describes {expected} (or "
+                                              f"{8 + length} for a header dump)")
     return ShardHeader(path, tensors, cursor, header_only)
 
 
@@ -141,9 +161,6 @@ def read_headers(checkpoint: VerifiedCheckpoint) -> dict[str, ShardHeader]:
         listed, present = by_shard[shard], set(header.tensors)
         if listed != present:
             missing, extra = sorted(listed - present), sorted(present - listed)
-            raise PatchkitError(
-                f"{header.path}: disagrees with the index: {len(missing)} listed tensors missing "
-                f"{missing[:3]}, {len(extra)} unlisted tensors present {extra[:3]}"
-            )
+            raise ShardDisagreesWithIndex(header.path, missing, extra)
         headers[shard] = header
     return headers

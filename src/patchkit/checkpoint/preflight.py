@@ -106,6 +106,18 @@ def _check_layout(variant: Variant, quant: dict, inv: Inventory, excludes: list[
     return mismatches, hits
 
 
+class NoMatchingVariant(PatchkitError):
+    """A checkpoint whose pins match no pinned variant (exit 2): its `root`, the `config_sha256` it has and
+    the `partial` variants whose known pins it matches (they pin only part of the checkpoint)."""
+
+    def __init__(self, root: Path, config_sha256: str, partial: tuple[str, ...]):
+        self.root, self.config_sha256, self.partial = root, config_sha256, partial
+        hint = (f"; its known pins match variant {', '.join(partial)}, which pins only part of the checkpoint"
+                if partial else "")
+        super().__init__(f"{root} matches no pinned variant (config sha256 {config_sha256}){hint}; name it with "
+                         "--variant and give --pin-config/--pin-index for an unpinned one")
+
+
 def detect_variant(root: Path, images_dir: Path) -> Variant:
     """The pinned variant whose pins these files match (hashing only, nothing parsed)."""
     digests = [sha256_bytes(read_checkpoint_file(Path(root), name)) for name in (CONFIG, INDEX)]
@@ -115,14 +127,10 @@ def detect_variant(root: Path, images_dir: Path) -> Variant:
         if (pins.config_sha256, pins.index_sha256) == tuple(digests):
             return variant
     # A partly pinned variant is never chosen by hashing (its unknown pin is unchecked), only named.
-    partial = [v.name for v in variants if not v.pinned and any(
+    partial = tuple(v.name for v in variants if not v.pinned and any(
         own == digest for own, digest in zip((v.checkpoint.pins.config_sha256, v.checkpoint.pins.index_sha256), digests,
-                                             strict=True))]
-    hint = f"; its known pins match variant {', '.join(partial)}, which pins only part of the checkpoint" if partial else ""
-    raise PatchkitError(
-        f"{root} matches no pinned variant (config sha256 {digests[0]}){hint}; name it with --variant and give "
-        "--pin-config/--pin-index for an unpinned one"
-    )
+                                             strict=True)))
+    raise NoMatchingVariant(root, digests[0], partial)
 
 
 def _missing(needs: dict[str, Need], patchset: PatchSet, series: Sequence[str], variant: Variant) -> tuple[list[Need], list[str]]:

@@ -21,6 +21,14 @@ from patchkit.variants.definitions import Variant
 from patchkit.variants.pins import resolve_pins
 
 
+class NodeRankOutOfRange(PatchkitError):
+    """A node rank outside the multi-node group (exit 2): the `rank` asked for and the group's `nnodes`."""
+
+    def __init__(self, rank: int, nnodes: int):
+        self.rank, self.nnodes = rank, nnodes
+        super().__init__(f"node rank {rank} outside 0..{nnodes - 1}")
+
+
 @dataclass(frozen=True)
 class ServeCommand:
     variant: str
@@ -38,7 +46,7 @@ class ServeCommand:
         """argv for one node of a multi-node TP group (vLLM's mp backend: rank 0 serves the API,
         the others run headless)."""
         if not 0 <= rank < nnodes:
-            raise PatchkitError(f"node rank {rank} outside 0..{nnodes - 1}")
+            raise NodeRankOutOfRange(rank, nnodes)
         if nnodes == 1:
             return self.argv
         extra = ("--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", master_addr)

@@ -20,8 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchkit.checkpoint.identity import INDEX
-from patchkit.errors import PatchkitError
+from patchkit.checkpoint.identity import INDEX, InvalidWeightMap, NotACheckpoint
 from patchkit.jsondata import load_json_object
 from patchkit.patching.patchset import Patch
 from patchkit.untrusted import read_file
@@ -110,7 +109,7 @@ def weight_map_names(index: Mapping, where: str) -> list[str]:
     """The tensor names of a parsed model.safetensors.index.json; a clear error for anything else."""
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
-        raise PatchkitError(f"{where}: no weight_map (a non-empty object of tensor name -> shard)")
+        raise InvalidWeightMap(where, "none")
     return list(weight_map)
 
 
@@ -118,6 +117,6 @@ def read_spelling(checkpoint: Path) -> Spelling:
     """The spelling of the checkpoint directory `checkpoint`, from its index alone."""
     path = Path(checkpoint) / INDEX
     if not path.exists() and not path.is_symlink():
-        raise PatchkitError(f"{checkpoint}: no {INDEX} (the spelling is read from its weight_map)")
+        raise NotACheckpoint(Path(checkpoint), INDEX)
     index = load_json_object(read_file(path, "checkpoint-index"), str(path))
     return spelling_of(weight_map_names(index, str(path)))

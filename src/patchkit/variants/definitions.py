@@ -303,11 +303,20 @@ def load_variants(images_dir: Path) -> dict[str, Variant]:
     return variants
 
 
+class UnknownVariant(PatchkitError):
+    """A variant name or alias no variant.toml defines (exit 2): the `name` asked for and the `known`
+    variants, each with its aliases ("lab (nvfp4-spark)")."""
+
+    def __init__(self, name: str, known: tuple[str, ...]):
+        self.name, self.known = name, known
+        super().__init__(f"unknown variant {name!r}; known: {', '.join(known)}")
+
+
 def find_variant(name: str, images_dir: Path) -> Variant:
     """A variant by name or alias (e.g. `lab` or `nvfp4-spark`)."""
     variants = load_variants(images_dir)
     for variant in variants.values():
         if name == variant.name or name in variant.aliases:
             return variant
-    known = ", ".join(f"{v.name} ({', '.join(v.aliases)})" if v.aliases else v.name for v in variants.values())
-    raise PatchkitError(f"unknown variant {name!r}; known: {known}")
+    raise UnknownVariant(name, tuple(f"{v.name} ({', '.join(v.aliases)})" if v.aliases else v.name
+                                     for v in variants.values()))

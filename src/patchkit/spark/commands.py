@@ -68,16 +68,18 @@ def _bounded(argv: list[str], timeout: float, what: str) -> Output:
         except OSError:
             pass
 
+    stdout = proc.stdout
+    assert stdout is not None  # stdout=PIPE
     timer = threading.Timer(timeout, kill)
     timer.start()
     try:
-        data = read_stream(proc.stdout, "tool-output", what)
+        data = read_stream(stdout, "tool-output", what)
     except BaseException:
         kill()
         raise
     finally:
         timer.cancel()
-        proc.stdout.close()
+        stdout.close()
         proc.wait()
     return Output(None if expired.is_set() else proc.returncode, data.decode("utf-8", "replace"))
 

@@ -40,7 +40,16 @@ from patchkit.sources.release import open_release
 from patchkit.untrusted import read_file, read_stream
 from patchkit.verify import ptxas
 from patchkit.verify.jit_units import (
-    ARCHS, GB10_REGS_PER_SM, GB10_REGS_PER_THREAD, GB10_SMEM_OPTIN, GENCODE, REGISTER_UNIT, UNITS, Kernel, Unit)
+    ARCHS,
+    GB10_REGS_PER_SM,
+    GB10_REGS_PER_THREAD,
+    GB10_SMEM_OPTIN,
+    GENCODE,
+    REGISTER_UNIT,
+    UNITS,
+    Kernel,
+    Unit,
+)
 
 COMPILE_TIMEOUT_S = 1800  # vLLM's topk.cu for both targets: ~3 min on a loaded 2-core machine
 
@@ -95,6 +104,8 @@ def census(dist: str, version: str, *, progress: bool = False) -> list[Row]:
     cache = ArchiveCache()
     open_release(dist, version, cache=cache, progress=progress)  # downloads and verifies once
     archive = cache.lookup(dist, version)
+    if archive is None:  # verified a moment ago: another process dropped it from the cache meanwhile
+        raise PatchkitError(f"{dist} {version}: the archive just verified left the cache {cache.downloads}; run again")
     rows: list[Row] = []
     for unit in units_for(dist, version):
         kernels = [k for k in unit.kernels if not k.versions or Version(version) in SpecifierSet(k.versions)]
@@ -251,8 +262,7 @@ def launcher_constants(text: str, function: str, constant: str, what: str) -> tu
     """`function`'s own `using`/`constexpr` statements before `auto kernel =` (where `constant` is defined), as a
     constexpr function template of the same parameters returning `constant`; and its block-size expression."""
     head = re.search(_LAUNCHER.format(re.escape(function)), text, re.S)
-    body_end = text.find("auto kernel =", head.end()) if head else -1
-    if body_end < 0:
+    if head is None or (body_end := text.find("auto kernel =", head.end())) < 0:
         raise PatchkitError(f"{what}: no launcher {function}(...) {{ ... auto kernel = ... }}: the source changed, "
                             "its shared-memory request cannot be read")
     statements = [m.group(1).strip() + ";" for m in _STATEMENT.finditer(text, head.end(), body_end)]
@@ -345,7 +355,7 @@ def demangle(names: list[str]) -> dict[str, str]:
         result = subprocess.run([filt], input="\n".join(names), capture_output=True, text=True, timeout=60)
         if result.returncode == 0 and len(result.stdout.splitlines()) == len(names):
             out = result.stdout.splitlines()
-    return {name: _short(shown) for name, shown in zip(names, out)}
+    return {name: _short(shown) for name, shown in zip(names, out, strict=True)}
 
 
 def _short(name: str) -> str:

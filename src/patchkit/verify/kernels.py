@@ -245,7 +245,7 @@ def census(wheel: Path, needs: tuple[Need, ...] = NEEDS) -> Census:
             targets = set()
             for entry in _entries_of(archive, info, Path(tmp), what):
                 targets.add(entry.target)
-                for row, pattern in zip(rows, patterns):
+                for row, pattern in zip(rows, patterns, strict=True):
                     found = sum(1 for k in entry.kernels if pattern.search(k))
                     if found:
                         row.targets[entry.target] = row.targets.get(entry.target, 0) + found

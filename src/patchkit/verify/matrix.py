@@ -19,6 +19,7 @@ The cells' states are `states.CellState`; `render` shows the matrix to people an
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import threading
@@ -79,8 +80,8 @@ class Cell:
         """One line: the state and, when it matters, why."""
         if self.state == CellState.OUT_OF_RANGE:
             text = f"out of range: {self.result.detail}"
-            if self.would is not None:
-                text += f"; ignoring ranges it {self.would_state.would}"
+            if (would := self.would_state) is not None:
+                text += f"; ignoring ranges it {would.would}"
             return text
         return f"{self.state}: {self.result.detail}" if self.result.detail else str(self.state)
 
@@ -238,13 +239,11 @@ def _opened(targets: list[Target], open_one: Callable[[Target], Source], workers
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="patchkit-open") as pool:
-        pending = [pool.submit(open_one, t) for t in targets[:workers]]
+        pending = collections.deque(pool.submit(open_one, t) for t in targets[:workers])
         for i, target in enumerate(targets):
             if i + workers < len(targets):
                 pending.append(pool.submit(open_one, targets[i + workers]))
-            future = pending[i]
-            pending[i] = None  # drop the reference once consumed
-            yield target, future.result()
+            yield target, pending.popleft().result()  # popped: the reference goes once consumed
 
 
 class _Companions:

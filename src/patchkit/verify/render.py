@@ -27,9 +27,9 @@ def to_dict(matrix: Matrix) -> dict:
             "edits": result_to_dict(cell.result)["edits"],
             "would": None,
         }
-        if cell.would is not None:
+        if cell.would is not None and (would_state := cell.would_state) is not None:
             would = result_to_dict(cell.would)
-            out["would"] = {"state": cell.would_state.value, "detail": would["detail"], "edits": would["edits"]}
+            out["would"] = {"state": would_state.value, "detail": would["detail"], "edits": would["edits"]}
         return out
 
     newest = matrix.newest_for_all

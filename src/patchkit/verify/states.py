@@ -55,4 +55,4 @@ class CellState(enum.StrEnum):
             return cls.APPLIES
         if state in (State.PARTIAL, State.MODIFIED):
             return cls.BROKEN
-        return cls(state.value)
+        return cls(state.value)  # type: ignore[call-arg]  # the Enum's lookup by value; mypy reads it as __new__

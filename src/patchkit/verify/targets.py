@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -158,7 +159,8 @@ def list_tags(location: str) -> list[str]:
     import git
 
     try:
-        out = git.cmd.Git().ls_remote("--tags", "--refs", location)
+        # a str: GitPython's annotation also covers the as_process / extended-output forms, not used here
+        out = cast(str, git.cmd.Git().ls_remote("--tags", "--refs", location))
     except git.GitCommandError as e:
         detail = (e.stderr or str(e)).strip()
         raise TagsUnavailable(location, detail) from None

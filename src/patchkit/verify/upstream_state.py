@@ -109,16 +109,18 @@ class GhAnswers:
             except OSError as exc:
                 raise PatchkitError(f"{what}: cannot run GitHub's CLI ({exc.strerror or exc}); install gh, or read "
                                     "recorded answers with --answers DIR") from None
+            stdout = proc.stdout
+            assert stdout is not None  # stdout=PIPE
             timer = threading.Timer(GH_TIMEOUT_S, lambda: _kill(proc))
             timer.start()
             try:
-                data = read_stream(proc.stdout, "github-answer", what)
+                data = read_stream(stdout, "github-answer", what)
             except BaseException:
                 _kill(proc)
                 raise
             finally:
                 timer.cancel()
-                proc.stdout.close()
+                stdout.close()
                 proc.wait()
             errors.seek(0)
             err = errors.read(4096)
@@ -170,7 +172,8 @@ def read_state(patch: Patch, tracked: TrackedTable, answers: Answers) -> Tracked
     """The state of one tracked entry; an answer of the wrong shape or for another object is exit 2."""
     path = api_path(tracked)
     data, source = answers.read(path)
-    answer = decode(data, PullAnswer if tracked.kind == "pr" else IssueAnswer, f"GitHub's answer for {path} ({source})")
+    what = f"GitHub's answer for {path} ({source})"
+    answer = decode(data, PullAnswer, what) if tracked.kind == "pr" else decode(data, IssueAnswer, what)
     expected = tracked_url(tracked)
     if answer.number != tracked.number or answer.html_url.lower() != expected.lower():
         if isinstance(answer, IssueAnswer) and answer.pull_request is not None:
@@ -178,6 +181,7 @@ def read_state(patch: Patch, tracked: TrackedTable, answers: Answers) -> Tracked
                                 f"issue but GitHub answers a pull request ({answer.html_url}): set kind = \"pr\"")
         raise PatchkitError(f"{source}: GitHub's answer is #{answer.number} at {answer.html_url}, not the "
                             f"{tracked.kind} asked for ({expected}); moved or renamed? update {patch.folder / 'patch.toml'}")
+    state: str  # open | merged | closed | closed (<reason>): TrackedState.state
     if isinstance(answer, PullAnswer):
         state = "merged" if answer.merged else answer.state
         closed = answer.merged_at if answer.merged else answer.closed_at

@@ -47,7 +47,7 @@ class Rules:
         where stock vLLM builds it unquantized."""
         out = []
         for pid, (patch, _) in self.met.items():
-            rule = patch.needed_when.quantized
+            rule = patch.needed_when.quantized if patch.needed_when is not None else None
             if rule is not None and (not rule.kinds or kind in rule.kinds) and rule.part in (None, part):
                 out.append(pid)
         return out
@@ -57,11 +57,14 @@ class Rules:
         module needed it (`quantized_hits`: patch id -> "part kind" of those modules)."""
         out = {}
         for pid, (patch, found) in self.met.items():
-            if patch.needed_when.quantized is not None:
+            when = patch.needed_when
+            if when is None:  # (met holds only patches with a rule)
+                continue
+            if when.quantized is not None:
                 if pid not in quantized_hits:
                     continue
                 found = (*found, *sorted(quantized_hits[pid]))
-            out[pid] = Need(pid, patch.needed_when.why, found)
+            out[pid] = Need(pid, when.why, found)
         return out
 
 

@@ -198,8 +198,9 @@ def preflight(root: Path, variant: Variant, *, series: Sequence[str], patchset: 
 
     # The patches: the layout's must be the variant's own list; every need must be in the image's series.
     needs = rules.needs(hits)
-    kind = {pid: "checkpoint" if patchset.patch(pid).needed_when.quantized else
-            "spelling" if patchset.patch(pid).needed_when.spelling else "platform" for pid in needs}
+    whens = {pid: patchset.patch(pid).needed_when for pid in needs}
+    kind = {pid: "checkpoint" if when and when.quantized else "spelling" if when and when.spelling else "platform"
+            for pid, when in whens.items()}
     by_layout = [pid for pid in patchset.order if kind.get(pid) == "checkpoint"]
     for patch in by_layout:
         if patch not in variant.patches:
@@ -224,8 +225,8 @@ def preflight(root: Path, variant: Variant, *, series: Sequence[str], patchset: 
     if inv.header_only_shards:
         notes.append(f"{inv.header_only_shards} shard(s) are header dumps without tensor data: nothing to serve from them")
 
-    formats = Counter()
-    sizes: Counter = Counter()
+    formats: Counter[tuple[str, str, str]] = Counter()  # (kind, part, format) -> modules
+    sizes: Counter[tuple[str, str, str]] = Counter()
     for m in inv.modules.values():
         key = (m.kind, "mtp" if inv.is_mtp(m) else "main", m.format)
         formats[key] += 1

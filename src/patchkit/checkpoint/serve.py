@@ -106,8 +106,8 @@ def serve_command(
         "--kv-cache-memory-bytes", str(s.kv_cache_memory_bytes),
         "--kv-cache-dtype", s.kv_cache_dtype,
     ]
-    if load_format or s.load_format:
-        argv += ["--load-format", load_format or s.load_format]
+    if chosen := load_format or s.load_format:
+        argv += ["--load-format", chosen]
     if s.speculative is not None:
         argv += ["--speculative-config", s.speculative.to_json()]
     argv += list(s.args)

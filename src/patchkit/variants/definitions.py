@@ -65,7 +65,7 @@ import itertools
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -75,7 +75,10 @@ from patchkit.variants.schema import CheckpointTable, ExpectTable, ServeTable, V
 from patchkit.vllm_rules import check_method, expected_method
 
 VARIANT_FILE = "variant.toml"
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 # Flags the structured fields own. Listing one of them again in `args` would give two sources of truth.
 MANAGED_FLAGS = frozenset(
@@ -263,10 +266,12 @@ def _serve(table: ServeTable, mtp: str, at: str) -> Serve:
             except json.JSONDecodeError as exc:
                 raise PatchkitError(f"{at}, key 'args': value of {flag} is not JSON ({exc}): {value!r}") from None
     # Field records "Measured recipes": GMU sizing has no headroom at ~93 GiB of weights; the pool is pinned to the digit.
-    for key, value, pinned in (("kv_cache_memory_bytes", table.kv_cache_memory_bytes, PINNED_KV_BYTES),
-                               ("kv_cache_dtype", table.kv_cache_dtype, KV_CACHE_DTYPE)):
-        if value != pinned:
-            raise PatchkitError(f"{at}, key {key!r}: the GLM-5.3 recipes pin {key}={pinned!r}, got {value!r}")
+    pins: tuple[tuple[str, object, object], ...] = (
+        ("kv_cache_memory_bytes", table.kv_cache_memory_bytes, PINNED_KV_BYTES),
+        ("kv_cache_dtype", table.kv_cache_dtype, KV_CACHE_DTYPE))
+    for key, found, pinned in pins:
+        if found != pinned:
+            raise PatchkitError(f"{at}, key {key!r}: the GLM-5.3 recipes pin {key}={pinned!r}, got {found!r}")
     spec = table.speculative
     return _built(Serve, table, speculative=spec and Speculative(spec.method, spec.num_speculative_tokens),
                   args=tuple(table.args), env=dict(table.env))

@@ -260,7 +260,7 @@ def test_a_billion_predictor_layers_are_refused_not_expanded(tmp_path, unpinned)
     root = checkpoint(tmp_path, "nvidia-nvfp4")
     edit_json(root / CONFIG, lambda c: c["text_config"].update(num_nextn_predict_layers=10 ** 9))
     outcome = run_patchkit("serve-args", "nvidia-nvfp4", "--checkpoint", str(root), *pins(root), env=unpinned)
-    assert_refused(outcome, "num_nextn_predict_layers is 1000000000", "more than 64")
+    assert_refused(outcome, "num_nextn_predict_layers: expected at most 64 MTP predictor layers", "found 1000000000")
 
 
 # ---------------------------------------------------------------- definition files

@@ -10,6 +10,7 @@ import pytest
 
 from patchkit.checkpoint.identity import PinMismatch, sha256_bytes
 from patchkit.checkpoint.mtp_ignore import (
+    MtpIgnoreRefused,
     extended_quantization_config,
     hf_overrides,
     patterns,
@@ -17,7 +18,6 @@ from patchkit.checkpoint.mtp_ignore import (
 )
 from patchkit.checkpoint.quant_config import QuantMismatch
 from patchkit.checkpoint.serve import NodeRankOutOfRange, serve_args, serve_command
-from patchkit.errors import PatchkitError
 from patchkit.smoke.synthetic_config import write_header_set
 from patchkit.smoke.synthetic_layout import LAYOUTS, TINY_DIMS
 from patchkit.variants.definitions import find_variant, load_variants
@@ -101,29 +101,40 @@ def _broken(edit):
 
 
 @pytest.mark.parametrize(
-    ("config", "message"),
+    ("config", "field", "found"),
     [
-        (_broken(lambda c: c.pop("quantization_config")), "no quantization_config"),
-        (_broken(lambda c: c.update(quantization_config=[1])), "not an object"),
-        (_broken(lambda c: c["quantization_config"].update(quant_method="compressed-tensors")), "not 'modelopt'"),
-        (_broken(lambda c: c["quantization_config"].update(quant_algo="MIXED_PRECISION")), "MIXED_PRECISION"),
-        (_broken(lambda c: c["quantization_config"].pop("quant_algo")), "no quant_algo"),
-        (_broken(lambda c: c["quantization_config"].pop("ignore")), "neither `ignore`"),
-        (_broken(lambda c: c["quantization_config"].update(ignore="lm_head")), "not a list of strings"),
-        (_broken(lambda c: c["quantization_config"].update(ignore=["lm_head", 3])), "not a list of strings"),
-        (_broken(lambda c: c["quantization_config"].update(quantization={})), "nested"),
-        (_broken(lambda c: c["text_config"].pop("num_nextn_predict_layers")), "no MTP predictor layers"),
-        (_broken(lambda c: c["text_config"].update(num_nextn_predict_layers=0)), "no MTP predictor layers"),
-        (_broken(lambda c: c["text_config"].pop("num_hidden_layers")), "no num_hidden_layers"),
-        (_broken(lambda c: c["text_config"].update(num_hidden_layers="45")), "not a non-negative integer"),
-        (_broken(lambda c: c["text_config"].update(num_hidden_layers=True)), "not a non-negative integer"),
-        (_broken(lambda c: c.update(num_hidden_layers=44)), "disagrees"),
-        (_broken(lambda c: c.update(text_config=[])), "text_config is not an object"),
+        (_broken(lambda c: c.pop("quantization_config")), "quantization_config", None),
+        (_broken(lambda c: c.update(quantization_config=[1])), "quantization_config", [1]),
+        (_broken(lambda c: c["quantization_config"].update(quant_method="compressed-tensors")),
+         "quantization_config.quant_method", "compressed-tensors"),
+        (_broken(lambda c: c["quantization_config"].update(quant_algo="MIXED_PRECISION")),
+         "quantization_config.quant_algo", "MIXED_PRECISION"),
+        (_broken(lambda c: c["quantization_config"].pop("quant_algo")), "quantization_config.quant_algo", None),
+        (_broken(lambda c: c["quantization_config"].pop("ignore")), "quantization_config.ignore", None),
+        (_broken(lambda c: c["quantization_config"].update(ignore="lm_head")), "quantization_config.ignore", "lm_head"),
+        (_broken(lambda c: c["quantization_config"].update(ignore=["lm_head", 3])), "quantization_config.ignore",
+         ["lm_head", 3]),
+        (_broken(lambda c: c["quantization_config"].update(quantization={})), "quantization_config.quantization", {}),
+        (_broken(lambda c: c["text_config"].pop("num_nextn_predict_layers")), "num_nextn_predict_layers", None),
+        (_broken(lambda c: c["text_config"].update(num_nextn_predict_layers=0)), "num_nextn_predict_layers", 0),
+        (_broken(lambda c: c["text_config"].pop("num_hidden_layers")), "num_hidden_layers", None),
+        (_broken(lambda c: c["text_config"].update(num_hidden_layers="45")), "text_config.num_hidden_layers", "45"),
+        (_broken(lambda c: c["text_config"].update(num_hidden_layers=True)), "text_config.num_hidden_layers", True),
+        (_broken(lambda c: c.update(num_hidden_layers=44)), "num_hidden_layers",
+         {"num_hidden_layers": 44, "text_config.num_hidden_layers": 45}),
+        (_broken(lambda c: c.update(text_config=[])), "text_config", []),
     ],
 )
-def test_malformed_configs_fail_closed(config, message):
-    with pytest.raises(PatchkitError, match=message):
+def test_malformed_configs_fail_closed(config, field, found):
+    with pytest.raises(MtpIgnoreRefused) as info:
         hf_overrides(config)
+    assert (info.value.field, info.value.found) == (field, found)
+
+
+def test_a_refused_config_names_the_field_what_was_expected_and_found():
+    with pytest.raises(MtpIgnoreRefused, match=r"config.json: quantization_config.ignore: expected a list of "
+                                               r"strings, found 'lm_head'"):
+        hf_overrides(_broken(lambda c: c["quantization_config"].update(ignore="lm_head")))
 
 
 # ------------------------------------------------------------ serve-args

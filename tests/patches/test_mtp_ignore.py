@@ -21,8 +21,7 @@ from quant_configs import (
     probe_prelude,
 )
 
-from patchkit.errors import PatchkitError
-from patchkit.checkpoint.mtp_ignore import hf_overrides
+from patchkit.checkpoint.mtp_ignore import MtpIgnoreRefused, hf_overrides
 
 ENV = {"HF_HUB_OFFLINE": "1"}
 SPELLINGS_45 = [
@@ -81,22 +80,25 @@ def _with(path: str, value):
 
 
 @pytest.mark.parametrize(
-    ("config", "message"),
+    ("config", "field", "expected"),
     [
-        ([], "top level is not an object"),
-        (_with("quantization_config", "modelopt"), "quantization_config is not an object"),
-        (_with("quantization_config.ignore", "lm_head"), "not a list of strings"),
-        (_with("text_config.num_hidden_layers", "45"), "num_hidden_layers at text_config is not a non-negative"),
-        (_without("quantization_config"), "no quantization_config"),
-        (_with("text_config.num_nextn_predict_layers", 0), "no MTP predictor layers"),
-        (_without("text_config.num_nextn_predict_layers"), "no MTP predictor layers"),
+        ([], "top level", "an object"),
+        (_with("quantization_config", "modelopt"), "quantization_config", "an object"),
+        (_with("quantization_config.ignore", "lm_head"), "quantization_config.ignore", "a list of strings"),
+        (_with("text_config.num_hidden_layers", "45"), "text_config.num_hidden_layers", "a non-negative integer"),
+        (_without("quantization_config"), "quantization_config", "a table to exclude the MTP predictor from"),
+        (_with("text_config.num_nextn_predict_layers", 0), "num_nextn_predict_layers",
+         "1 or more MTP predictor layers to exclude"),
+        (_without("text_config.num_nextn_predict_layers"), "num_nextn_predict_layers",
+         "1 or more MTP predictor layers to exclude"),
     ],
     ids=["not-an-object", "quant-config-not-object", "ignore-not-list", "layer-count-not-int",
          "no-quantization-config", "zero-predictor-layers", "no-predictor-count"],
 )
-def test_fails_closed(config, message):
-    with pytest.raises(PatchkitError, match=message):
+def test_fails_closed(config, field, expected):
+    with pytest.raises(MtpIgnoreRefused) as info:
         hf_overrides(config)
+    assert (info.value.field, info.value.expected) == (field, expected)
 
 
 # ---------------------------------------------------------------- through real vLLM

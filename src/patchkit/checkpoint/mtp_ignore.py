@@ -39,17 +39,28 @@ _HF = "model.language_model.layers.{i}.*"
 SPELLINGS = (module_prefix(_HF, mtp=True), _HF, hf_to_vllm(_HF), "model.layers.{i}.mtp_block.*")
 
 
+class MtpIgnoreRefused(PatchkitError):
+    """A config.json the MTP ignore cannot be derived from (exit 2): the `field` at fault (a dotted path,
+    "text_config.num_hidden_layers"; "top level" for the document), what it was `expected` to be and what
+    was `found` (None when absent)."""
+
+    def __init__(self, field: str, expected: str, found: object = None):
+        self.field, self.expected, self.found = field, expected, found
+        shown = "nothing" if found is None else repr(found)[:200]
+        super().__init__(f"config.json: {field}: expected {expected}, found {shown}")
+
+
 def _count(config: dict, key: str) -> int | None:
     """A layer count from the top level or text_config; both present must agree."""
     text = config.get("text_config")
     if text is not None and not isinstance(text, dict):
-        raise PatchkitError("config.json: text_config is not an object")
-    values = {where: src[key] for where, src in (("top level", config), ("text_config", text or {})) if key in src}
+        raise MtpIgnoreRefused("text_config", "an object", text)
+    values = {where: src[key] for where, src in ((key, config), (f"text_config.{key}", text or {})) if key in src}
     for where, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise PatchkitError(f"config.json: {key} at {where} is not a non-negative integer: {value!r}")
+            raise MtpIgnoreRefused(where, "a non-negative integer", value)
     if len(set(values.values())) > 1:
-        raise PatchkitError(f"config.json: {key} disagrees between top level and text_config: {values}")
+        raise MtpIgnoreRefused(key, "one value at the top level and in text_config", values)
     return next(iter(values.values()), None)
 
 
@@ -58,12 +69,12 @@ def predictor_layers(config: dict) -> range:
     hidden = _count(config, "num_hidden_layers")
     nextn = _count(config, "num_nextn_predict_layers")
     if hidden is None or hidden == 0:
-        raise PatchkitError("config.json: no num_hidden_layers; cannot place the MTP predictor")
+        raise MtpIgnoreRefused("num_hidden_layers", "a layer count above 0 to place the MTP predictor after", hidden)
     if not nextn:
-        raise PatchkitError("config.json: num_nextn_predict_layers is absent or 0: no MTP predictor layers to exclude")
+        raise MtpIgnoreRefused("num_nextn_predict_layers", "1 or more MTP predictor layers to exclude", nextn)
     if nextn > MAX_PREDICTOR_LAYERS:  # four patterns a layer: a hostile 10^9 would never finish
-        raise PatchkitError(f"config.json: num_nextn_predict_layers is {nextn}; no checkpoint has more than "
-                            f"{MAX_PREDICTOR_LAYERS} MTP predictor layers (GLM-5.3-Flash and DeepSeek-V3 have 1)")
+        raise MtpIgnoreRefused("num_nextn_predict_layers", f"at most {MAX_PREDICTOR_LAYERS} MTP predictor layers "
+                               "(GLM-5.3-Flash and DeepSeek-V3 have 1)", nextn)
     return range(hidden, hidden + nextn)
 
 
@@ -80,27 +91,29 @@ def _covered(pattern: str, entries: list[str]) -> bool:
 def extended_quantization_config(config: dict) -> dict | None:
     """quantization_config with the predictor layers appended to `ignore`; None when already listed."""
     if not isinstance(config, dict):
-        raise PatchkitError("config.json: top level is not an object")
+        raise MtpIgnoreRefused("top level", "an object", config)
     quant = config.get("quantization_config")
     if quant is None:
-        raise PatchkitError("config.json: no quantization_config; nothing to exclude the MTP predictor from")
+        raise MtpIgnoreRefused("quantization_config", "a table to exclude the MTP predictor from")
     if not isinstance(quant, dict):
-        raise PatchkitError("config.json: quantization_config is not an object")
+        raise MtpIgnoreRefused("quantization_config", "an object", quant)
     if quant.get("quant_method") != "modelopt":
-        raise PatchkitError(f"quantization_config.quant_method is {quant.get('quant_method')!r}, not 'modelopt'")
+        raise MtpIgnoreRefused("quantization_config.quant_method", "'modelopt'", quant.get("quant_method"))
     if "quantization" in quant:
-        raise PatchkitError("quantization_config uses the nested hf_quant_config form; expected the flat config.json form")
+        raise MtpIgnoreRefused("quantization_config.quantization", "the flat config.json form, not the nested "
+                               "hf_quant_config one", quant["quantization"])
     algo = quant.get("quant_algo")
     if not isinstance(algo, str) or not algo:
-        raise PatchkitError("quantization_config has no quant_algo")
+        raise MtpIgnoreRefused("quantization_config.quant_algo", "an algorithm name", algo)
     if algo.upper() == "MIXED_PRECISION":
-        raise PatchkitError("MIXED_PRECISION leaves unlisted layers unquantized; an MTP ignore does not apply")
+        raise MtpIgnoreRefused("quantization_config.quant_algo", "one that quantizes unlisted layers (MIXED_PRECISION "
+                               "leaves them unquantized: an MTP ignore does not apply)", algo)
     key = "ignore" if "ignore" in quant else "exclude_modules" if "exclude_modules" in quant else None
     if key is None:
-        raise PatchkitError("quantization_config has neither `ignore` nor `exclude_modules`")
+        raise MtpIgnoreRefused("quantization_config.ignore", "an `ignore` or `exclude_modules` list")
     entries = quant[key]
     if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
-        raise PatchkitError(f"quantization_config.{key} is not a list of strings")
+        raise MtpIgnoreRefused(f"quantization_config.{key}", "a list of strings", entries)
     missing = [p for p in patterns(predictor_layers(config)) if not _covered(p, entries)]
     if not missing:
         return None

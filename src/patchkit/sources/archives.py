@@ -25,6 +25,7 @@ import zipfile
 import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Protocol
 
 from patchkit.errors import PatchkitError
 from patchkit.sources.base import (
@@ -129,25 +130,28 @@ class TarGzArchive:
         """`files`/`key`: where members go on disk; `discard`: drops the archive from its cache if corrupt."""
         if (files is None) != (key is None):
             raise ValueError("a FileCache needs the key of this archive, and a key needs a FileCache")
-        self.path, self._keep, self._files, self._key, self._discard = path, keep, files, key, discard
-        self._listing = files.listing(key) if files is not None else None
+        self.path, self._keep, self._discard = path, keep, discard
+        self._cache: tuple[FileCache, str] | None = None  # the FileCache and this archive's key in it
+        self._listing: dict[str, str] | None = None
+        if files is not None and key is not None:
+            self._cache = (files, key)
+            self._listing = files.listing(key)
         self._held: dict[str, bytes] = {}  # bytes kept from the last pass
         self._on_disk: set[str] = set()  # members known to be in the FileCache
 
     def listing(self) -> dict[str, str]:
         """Member name -> "file" | "dir" | "link" | "other" | "duplicate"."""
-        if self._listing is None:
-            self._pass(set())
-        return self._listing
+        return self._listing if self._listing is not None else self._pass(set())
 
     def read_many(self, members: Iterable[str]) -> dict[str, bytes]:
         """Bytes of regular-file members (the caller has checked them in `listing()`)."""
         members = list(members)
         found: dict[str, bytes] = {}
+        cache = self._cache
         for member in members:
             if member in self._held:
                 found[member] = self._held[member]
-            elif self._files is not None and (data := self._files.get(self._key, member)) is not None:
+            elif cache is not None and (data := cache[0].get(cache[1], member)) is not None:
                 found[member] = data
                 self._on_disk.add(member)
         missing = [member for member in members if member not in found]
@@ -157,16 +161,16 @@ class TarGzArchive:
                 if member not in self._held:
                     raise NotARegularMember(member, "not a regular file", str(self.path))
                 found[member] = self._held[member]
-        if self._files is not None:
+        if cache is not None:
             for member in members:
                 if member not in self._on_disk:
-                    self._files.put(self._key, member, found[member])
+                    cache[0].put(cache[1], member, found[member])
                     self._on_disk.add(member)
         return found
 
-    def _pass(self, wanted: set[str]) -> None:
-        """One pass: the listing, the `wanted` bodies (each and all within the `member` limit) and as many
-        kept ones as fit in that limit again."""
+    def _pass(self, wanted: set[str]) -> dict[str, str]:
+        """One pass: the listing (returned), the `wanted` bodies (each and all within the `member` limit)
+        and as many kept ones as fit in that limit again."""
         listing: dict[str, str] = {}
         limit = limit_of("member")
         budget = {"wanted": limit, "kept": limit}
@@ -204,9 +208,10 @@ class TarGzArchive:
                 raise
             raise InputTooLarge(f"archive {self.path}: {error.what}", error.kind, error.limit, error.size) from None
         check_ancestors(self.path, listing)
-        if self._listing is None and self._files is not None:
-            self._files.put_listing(self._key, listing)
+        if self._listing is None and self._cache is not None:
+            self._cache[0].put_listing(self._cache[1], listing)
         self._listing = listing
+        return listing
 
 
 # What zipfile raises for a damaged or hostile archive: a bad header or CRC, a truncated deflate, LZMA or
@@ -283,12 +288,22 @@ class ZipArchive:
             raise _corrupt(self.path, error, self._discard) from error
 
 
+class Archive(Protocol):
+    """What ArchiveSource reads through: TarGzArchive, ZipArchive, a verified wheel's members."""
+
+    path: Path
+
+    def listing(self) -> dict[str, str]: ...
+
+    def read_many(self, members: Iterable[str]) -> dict[str, bytes]: ...
+
+
 class ArchiveSource(SourceDefaults):
     """The packages of an archive whose package directories sit under `prefix` ("" or "vllm-0.33.0/")."""
 
     description: str
 
-    def __init__(self, archive: TarGzArchive | ZipArchive, prefix: str):
+    def __init__(self, archive: Archive, prefix: str):
         self._archive = archive
         listing = archive.listing()
         is_file = lambda name: listing.get(name) == "file"  # noqa: E731

@@ -114,8 +114,9 @@ class GitSource(SourceDefaults):
         return entry is not None and entry.type == "blob" and not stat.S_ISLNK(entry.mode)
 
     def _detect_version(self, root: str) -> str:
-        if self._is_file(f"{root}/_version.py") and (
-            version := version_py(self._entry(f"{root}/_version.py").data_stream.read())
+        entry = self._entry(f"{root}/_version.py")
+        if entry is not None and self._is_file(f"{root}/_version.py") and (
+            version := version_py(entry.data_stream.read())
         ):
             return version
         tag = self.ref.removeprefix("refs/tags/")

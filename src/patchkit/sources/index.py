@@ -271,8 +271,8 @@ def download(file: IndexFile, out: BinaryIO, *, progress: bool = True) -> None:
     try:
         with requests.get(file.url, stream=True, timeout=TIMEOUT) as response:
             response.raise_for_status()
-            length = response.headers.get("content-length", "")
-            length = int(length) if length.isascii() and length.isdigit() else None
+            header = response.headers.get("content-length", "")
+            length = int(header) if header.isascii() and header.isdigit() else None
             if file.size is not None:
                 expected, said_by = file.size, "the index lists"
                 if length is not None and length > file.size:

@@ -89,7 +89,7 @@ def held_version(where: str, distribution: str, *, metadata: bytes | None, metad
         raise VersionUnconfirmed(where, distribution, declared, metadata_path)
     actual = metadata_version(metadata, metadata_path)
     stated = version_py(module) if module is not None else None
-    if module is not None and (stated is None or not with_suffix_of(stated, actual)) or (
+    if (module is not None and (stated is None or not with_suffix_of(stated, actual))) or (
             declared is not None and not same_version(actual, declared)):
         raise VersionsDisagree(where, distribution, declared=declared, module=module_name or "version module",
                                module_version=stated, metadata=actual)

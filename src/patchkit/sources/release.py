@@ -12,7 +12,7 @@ from patchkit.errors import PatchkitError
 from patchkit.localfiles import file_sha256
 from patchkit.sources.base import DISTRIBUTIONS, MetadataDisagrees, UnknownPackage
 from patchkit.sources.cache import ArchiveCache, CachedArchive
-from patchkit.sources.index import IndexFile, choose_archive, download
+from patchkit.sources.index import IndexFile, UnverifiableArchive, choose_archive, download
 from patchkit.sources.metadata import same_distribution, same_version
 from patchkit.sources.sdist import SdistSource
 from patchkit.sources.wheel import WheelSource
@@ -30,6 +30,8 @@ def fetch_archive(cache: ArchiveCache, dist: str, version: str, choose: Callable
     if cached is not None:
         return cached
     file = choose()
+    if file.sha256 is None:  # every chooser refuses one already; nothing unverified is cached either way
+        raise UnverifiableArchive(file.url)
     cached = cache.adopt(dist, version, file.filename, file.url, file.sha256)  # on disk, as the index says
     if cached is None:
         with cache.new_archive(dist, version, file.filename, file.url, file.sha256) as out:

@@ -56,7 +56,9 @@ class SdistSource(ArchiveSource):
             raise NotADistribution(path, "not an sdist", "one top-level directory with a PKG-INFO",
                                    str(tops or "none"))
         super().__init__(archive, prefix=f"{tops[0]}/")
-        name, stated = core_metadata(self._member(f"{tops[0]}/PKG-INFO"))
+        pkg_info = self._member(f"{tops[0]}/PKG-INFO")
+        assert pkg_info is not None  # listed as a file just above
+        name, stated = core_metadata(pkg_info)
         if stated is None:
             raise NotADistribution(path, f"{tops[0]}/PKG-INFO states no Version", "a Version field", "none")
         if dist is not None and not same_distribution(name, dist):

@@ -26,7 +26,7 @@ def epoch_timestamp(epoch: int) -> str:
     """RFC 3339 UTC, second precision, as OCI configs carry `created`."""
     import datetime as dt
 
-    return dt.datetime.fromtimestamp(epoch, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.fromtimestamp(epoch, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def merge_env(env: list[str], updates: Mapping[str, str]) -> list[str]:

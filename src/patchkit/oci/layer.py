@@ -18,13 +18,14 @@ import posixpath
 import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import BinaryIO, Literal
+from typing import Literal
 
 from isal import igzip
 
 from patchkit.errors import PatchkitError
 from patchkit.oci.media import OCI_LAYER_GZIP
 from patchkit.sources.tarscan import INFLATE_ERRORS
+from patchkit.untrusted import Readable
 
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
@@ -203,7 +204,7 @@ class _BoundedTarInfo(tarfile.TarInfo):
         return super()._proc_member(tarfile_)
 
 
-def iter_layer(stream: BinaryIO, what: str) -> Iterator[tuple[Member, tarfile.TarFile, tarfile.TarInfo]]:
+def iter_layer(stream: Readable, what: str) -> Iterator[tuple[Member, tarfile.TarFile, tarfile.TarInfo]]:
     """Stream a layer's members front to back. Whiteouts come back as kind 'whiteout' with `name` the
     hidden path, opaque markers as kind 'opaque' with `name` the directory they empty.
 
@@ -241,7 +242,7 @@ def iter_layer(stream: BinaryIO, what: str) -> Iterator[tuple[Member, tarfile.Ta
 class _Prefixed(io.RawIOBase):
     """A stream with already-read bytes put back in front (tarfile's stream mode cannot seek)."""
 
-    def __init__(self, prefix: bytes, stream: BinaryIO):
+    def __init__(self, prefix: bytes, stream: Readable):
         self._prefix = prefix
         self._stream = stream
 

@@ -281,7 +281,9 @@ class ImageLayersSource(PackagePaths):
                         what = f"{self.base.spec}: /{name} in layer {digest}"
                         if member.size > limit_of(kind):
                             raise InputTooLarge(what, kind, limit_of(kind), member.size)
-                        listing.content[name] = read_stream(tar.extractfile(info), kind, what)
+                        body = tar.extractfile(info)
+                        assert body is not None  # a regular file's member always has one
+                        listing.content[name] = read_stream(body, kind, what)
             stream.finish()
         self._listings[index] = listing
         return listing
@@ -304,16 +306,19 @@ class ImageLayersSource(PackagePaths):
         if not found and pkg.declared is None and not pkg.required:
             return None
         [where] = found or [f"{site}/{want.replace('-', '_')}-{pkg.declared or '<version>'}.dist-info/METADATA"]
-        index = self._visible(where)[0] if found else None
+        visible = self._visible(where) if found else None
+        layer = visible[0] if visible is not None else None
         module = VERSION_MODULES.get(pkg.name)
         return held_version(self.base.spec, pkg.distribution, declared=pkg.declared, metadata_path="/" + where,
-                            metadata=self._listings[index].content[where] if found else None,
-                            module_name=module, module=self._install_file(pkg, module, index))
+                            metadata=self._listings[layer].content[where] if layer is not None else None,
+                            module_name=module, module=self._install_file(pkg, module, layer))
 
     def _install_file(self, pkg: PackageRoot, path: str | None, floor: int | None) -> bytes | None:
         """A file of the install whose METADATA is in layer `floor`, looked for there and above only (the
         layers already read): the install wrote it beside its dist-info, so no lower layer is fetched."""
-        name = self._path(pkg.name, path) if path and floor is not None else None
+        if not path or floor is None:
+            return None
+        name = self._path(pkg.name, path)
         if name is None or not any(name in self._listings[i].entries for i in range(floor, len(self.base.layers))):
             return None
         return self.read(pkg.name, path)
@@ -324,12 +329,12 @@ class ImageLayersSource(PackagePaths):
         for listing in list(self._listings.values()):
             for name in listing.entries:
                 m = _METADATA_RE.match(name[len(site) + 1:]) if name.startswith(site + "/") else None
-                if m and canonicalize_name(m.group("name")) == want and self._visible(name):
-                    found[name] = self._metadata_version(name)
+                if m and canonicalize_name(m.group("name")) == want and (visible := self._visible(name)):
+                    found[name] = self._metadata_version(name, visible[0])
         return found
 
-    def _metadata_version(self, name: str) -> str:
-        index, _ = self._visible(name)
+    def _metadata_version(self, name: str, index: int) -> str:
+        """The Version of METADATA `name`, read from layer `index` (where it is visible)."""
         text = self._listings[index].content[name].decode("utf-8", "replace")
         for line in text.splitlines():
             if line.startswith("Version:"):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import hashlib
 import io
 from pathlib import Path
-from typing import BinaryIO
 
 from patchkit.errors import PatchkitError
+from patchkit.untrusted import Readable
 
 CHUNK = 1 << 20
 
@@ -39,7 +39,7 @@ class VerifiedStream:
     """`read(n)` over `raw`, at most `size` bytes in all (None: unknown, bounded by the stream's end),
     hashing as it goes; the digest is checked when `size` bytes have been read or the stream ends."""
 
-    def __init__(self, raw: BinaryIO, digest: str, size: int | None, what: str, discard: Path | None = None):
+    def __init__(self, raw: Readable, digest: str, size: int | None, what: str, discard: Path | None = None):
         """`discard`: a cache file `raw` reads, removed when it does not match (the next run fetches it again)."""
         self._raw, self.digest, self.size, self.what, self._discard = raw, digest, size, what, discard
         self._sha = hashlib.sha256()

@@ -81,7 +81,8 @@ def judge_log(log: str | Iterable[tuple[str, bool]], variant: Variant | None, qu
     not come up. `process` is what is known of the engine besides its log: "recorded" (`patchkit doctor`:
     the log alone, so a log that just stops is taken as ended), "exited" or "running" (the live smoke
     asks the containers), which tells a killed boot from one still in progress."""
-    markers, reader, cut, cut_count = BootMarkers(), CauseReader(), [], 0
+    markers, reader, cut_count = BootMarkers(), CauseReader(), 0
+    cut: list[int] = []  # the first cut lines' numbers
     for n, (raw, was_cut) in enumerate(log_lines(log), 1):
         line = ANSI.sub("", raw)
         read_line(markers, line)
@@ -170,9 +171,9 @@ def _speculative(markers: BootMarkers, variant: Variant | None) -> list[Finding]
 
 def _acceptance(markers: BootMarkers, k: int | None, band: tuple[float, float] | None) -> list[Finding]:
     """The mean acceptance length over every SpecDecoding interval (k: tokens per draft), against `band`."""
-    if not markers.intervals:
-        return [Finding("warn", "acceptance", "no SpecDecoding metrics line yet (vLLM logs one per interval under traffic)")]
     mean = markers.overall_acceptance(k)
+    if mean is None:  # no interval yet
+        return [Finding("warn", "acceptance", "no SpecDecoding metrics line yet (vLLM logs one per interval under traffic)")]
     if mean <= _REJECTS_ALL:
         return [Finding("fail", "acceptance", f"mean acceptance length {mean:.2f}: the target rejects the drafts (a broken drafter)")]
     if band and not band[0] <= mean <= band[1]:

@@ -237,9 +237,8 @@ def log_lines(log: str | Iterable[tuple[str, bool]]) -> Iterator[tuple[str, bool
 def read_line(m: BootMarkers, line: str) -> None:
     """Take one log line (ANSI colours stripped) into `m`."""
     m.lines += 1
-    if hit := MARKER["quantprobe"].pattern.search(line):
-        if len(m.quantprobe) < KEEP_PROBES:
-            m.quantprobe.append(ProbeRow(*hit.groups()))
+    if (hit := MARKER["quantprobe"].pattern.search(line)) and len(m.quantprobe) < KEEP_PROBES:
+        m.quantprobe.append(ProbeRow(*hit.groups()))
     for name in ("weights", "weights-day0"):
         if hit := MARKER[name].pattern.search(line):
             m.weights_gib, m.weights_load_s, m.weights_line = _number(hit.group(1)), _number(hit.group(2)), name
@@ -253,11 +252,10 @@ def read_line(m: BootMarkers, line: str) -> None:
         m.startup_complete = True
     if MARKER["v2-runner"].pattern.search(line):
         m.v2_runner = True
-    if hit := MARKER["architecture"].pattern.search(line):
-        if len(m.architectures) < KEEP_FIRST:
-            m.architectures.append(hit.group(1))
-            if len(m.architectures) > 1:
-                _evidence(m, line)
+    if (hit := MARKER["architecture"].pattern.search(line)) and len(m.architectures) < KEEP_FIRST:
+        m.architectures.append(hit.group(1))
+        if len(m.architectures) > 1:
+            _evidence(m, line)
     if hit := MARKER["engine-config"].pattern.search(line):
         m.engine_version = hit.group(1)
     if MARKER["speculative-none"].pattern.search(line):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 import requests
 
@@ -29,7 +29,7 @@ class Runner(Protocol):
 def host_name(host: str) -> str:
     """The machine a Docker host URL names: `ssh://user@spark-1:22` -> `spark-1`; a local socket
     (`unix:///run/docker.sock`, `npipe://`) is this machine, 127.0.0.1."""
-    if host.startswith(("unix://", "npipe://")) or "://" not in host and host.startswith("/"):
+    if host.startswith(("unix://", "npipe://")) or ("://" not in host and host.startswith("/")):
         return "127.0.0.1"
     return host.split("://")[-1].split("@")[-1].split(":")[0].split("/")[0]
 
@@ -81,7 +81,7 @@ class DockerRunner:
         self.hf_cache = _host_path(host, hf_cache)
         self.client = _client(host)
         self.gpus = _detect_gpus(self.client, host) if gpus == "auto" else gpus
-        self.container = None
+        self.container: Any = None  # the docker SDK's Container (the SDK is untyped) once start() made it
         self.name = ""
         self.image = ""
 

@@ -67,7 +67,7 @@ def smoke_cpu(
     jobs = [_job(v, workdir) for v in variants]
     tables = quantprobe([job for job, _ in jobs], vllm_python, vllm_root)
     name = label or str(vllm_root or vllm_python)
-    return [judge(v, rows, stored, name) for v, rows, (_, stored) in zip(variants, tables, jobs)]
+    return [judge(v, rows, stored, name) for v, rows, (_, stored) in zip(variants, tables, jobs, strict=True)]
 
 
 def _main(argv: list[str]) -> int:

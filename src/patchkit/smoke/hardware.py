@@ -23,7 +23,7 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -122,7 +122,7 @@ class Receipt:
         return table
 
 
-def _start(runners: list[Runner], image: str, command: ServeCommand, env: dict[str, str], name: str, master: str) -> None:
+def _start(runners: Sequence[Runner], image: str, command: ServeCommand, env: dict[str, str], name: str, master: str) -> None:
     nnodes = len(runners)
     for rank, runner in sorted(enumerate(runners), key=lambda r: -r[0]):  # workers first, head last
         runner.start(image, command.for_node(rank, nnodes, master), env, f"{name}-{rank}")
@@ -132,7 +132,7 @@ def run_smoke(
     variant: Variant,
     command: ServeCommand,
     image: str,
-    runners: list[Runner],
+    runners: Sequence[Runner],
     base_url: str,
     health_interval_s: float = 5.0,
     probe_runs: int = 3,
@@ -242,7 +242,7 @@ def _serving_findings(serving: dict[str, dict]) -> list[Finding]:
     return out
 
 
-def _await_exit(runners: list[Runner], limit_s: float, sleep: Callable[[float], None]) -> None:
+def _await_exit(runners: Sequence[Runner], limit_s: float, sleep: Callable[[float], None]) -> None:
     """Wait, at most `limit_s`, for every node to exit (a boot that logged its fatal cause is ending)."""
     for _ in range(int(limit_s / 0.5)):  # counted, not timed: the tests' sleep is their own
         if not any(r.running() for r in runners):
@@ -256,7 +256,7 @@ def _container(runner: Runner) -> dict:
             "exit_code": runner.exit_code() if hasattr(runner, "exit_code") else None}
 
 
-def _clean_up(runners: list[Runner]) -> None:
+def _clean_up(runners: Sequence[Runner]) -> None:
     """Stop and remove every node's container, with SIGINT held off meanwhile (a second Ctrl-C would leave
     them behind); every runner is tried, the first failure raised after."""
     main = threading.current_thread() is threading.main_thread()
@@ -266,7 +266,7 @@ def _clean_up(runners: list[Runner]) -> None:
         for runner in runners:
             try:
                 runner.stop()
-            except Exception as exc:  # noqa: BLE001 - the others are still stopped; raised below
+            except Exception as exc:  # the others are still stopped; raised below
                 failure = failure or exc
     finally:
         if main:

@@ -150,4 +150,8 @@ def quantprobe(jobs: list[dict], python: str, vllm_root: Path | None = None, tim
         json.dump(jobs, fh)
         fh.flush()
         out = run_worker(python, ["probe", fh.name], path, timeout)
-    return json.loads(out.strip().splitlines()[-1])
+    tables = json.loads(out.strip().splitlines()[-1])
+    if not isinstance(tables, list) or len(tables) != len(jobs):  # each checkpoint's table, in order
+        raise PatchkitError(f"the quantprobe worker answered {len(tables) if isinstance(tables, list) else 'no list of'} "
+                            f"tables for {len(jobs)} checkpoints")
+    return tables

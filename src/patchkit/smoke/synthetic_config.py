@@ -71,6 +71,7 @@ def modelopt_config_json(hf_quant: dict) -> dict:
         for idx, (key, names) in enumerate(groups.items()):
             cfg = dict(key)
             gs = cfg.get("group_size")
+            group: dict[str, object]  # the scheme's tables, then its targets
             if cfg["quant_algo"] == "MXFP8":
                 gs = gs or 32
                 group = {

@@ -192,8 +192,10 @@ def test_a_tampered_wheel_is_refused_by_its_record(lab, wheels, base, tmp_path):
     with pytest.raises(BadWheel) as refused:
         install(tampered, pin, PLATFORM, Scheme.of(lab))
     assert (refused.value.problem, refused.value.member) == ("hash", "instanttensor/__init__.py")
-    with pytest.raises(WheelPinMismatch, match=f"its bytes hash to sha256 {sha}"):
+    with pytest.raises(WheelPinMismatch, match=f"its bytes hash to sha256 {sha}") as mismatch:
         install(tampered, lab.wheels["instanttensor"], PLATFORM, Scheme.of(lab))
+    assert (mismatch.value.filename, mismatch.value.found) == (tampered.name, sha)
+    assert mismatch.value.pinned == lab.wheels["instanttensor"].files[PLATFORM][1]
 
     # the same through a build: an index serving it under the sha256 a definition pins; nothing is built
     index = FakeIndex()

@@ -76,7 +76,21 @@ def check_load_format(image: Image, load_format: str | None) -> None:
 
 
 class WheelPinMismatch(PatchkitError):
-    """The index or the bytes on disk are not the file the image definition pins (exit 2)."""
+    """The index or the bytes on disk are not the file the image definition pins (exit 2): `where` (the
+    index page, or the file on disk), the pinned `filename` and `pinned` sha256, the sha256 `found` there
+    (None when the index lists no such file) and the files the index does `listed` for that version."""
+
+    def __init__(self, where: str, filename: str, pinned: str, found: str | None, listed: tuple[str, ...] = ()):
+        self.where, self.filename, self.pinned, self.found, self.listed = where, filename, pinned, found, listed
+        if found is None:
+            message = f"{where} lists no {filename} (its files of that version: {', '.join(listed) or 'none'})"
+        elif listed:
+            message = (f"{where} lists {filename} with sha256 {found}, the image definition pins {pinned}: refused, "
+                       "nothing built (fix the pin from the index, or the index)")
+        else:
+            message = (f"{where}: its bytes hash to sha256 {found}, the image definition pins {pinned}: refused, "
+                       "nothing built")
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -191,11 +205,10 @@ def fetch(pin: WheelPin, platform: str) -> Path:
         page, files = project_files(pin.name)
         listed = next((f for f in files if f.filename == filename), None)
         if listed is None:
-            names = ", ".join(sorted(f.filename for f in files if str(f.version) == pin.version)) or "none"
-            raise WheelPinMismatch(f"{page} lists no {filename} (its {pin.name} {pin.version} files: {names})")
+            names = tuple(sorted(f.filename for f in files if str(f.version) == pin.version))
+            raise WheelPinMismatch(page, filename, sha256, None, names)
         if listed.sha256 != sha256:
-            raise WheelPinMismatch(f"{page} lists {filename} with sha256 {listed.sha256}, the image definition "
-                                   f"pins {sha256}: refused, nothing built (fix the pin from the index, or the index)")
+            raise WheelPinMismatch(page, filename, sha256, listed.sha256 or "none", (filename,))
         cached = cache.adopt(pin.name, pin.version, filename, listed.url, sha256)
         if cached is None:
             with cache.new_archive(pin.name, pin.version, filename, listed.url, sha256) as out:
@@ -229,8 +242,7 @@ def _sha256(path: Path) -> str:
 
 def _check_pin(path: Path, found: str, pinned: str) -> None:
     if found != pinned:
-        raise WheelPinMismatch(f"{path}: its bytes hash to sha256 {found}, the image definition pins {pinned}: "
-                               "refused, nothing built")
+        raise WheelPinMismatch(str(path), path.name, pinned, found)
 
 
 def _created_dirs(files: tuple[ExtraFile, ...], site: str) -> tuple[str, ...]:

@@ -353,7 +353,7 @@ class RegistryClient:
                     return empty
                 return Sending(reader, sent, cancel)
         if cancel is not None and cancel.is_set():
-            raise Cancelled("cancelled: another blob of this push failed")
+            raise Cancelled(digest)
         resp = self.transport.send("PUT", url, (f"repository:{repo}:pull,push",), ok=(201,), body=data,
                                    headers={"Content-Type": "application/octet-stream"}, lost_session=True)
         if isinstance(body, bytes):

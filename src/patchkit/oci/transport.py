@@ -132,7 +132,12 @@ class RegistryUnreachable(RegistryError):
 
 
 class Cancelled(PatchkitError):
-    """An attempt stopped because another blob of the same push failed (never reported on its own)."""
+    """An attempt stopped because another blob of the same push failed (never reported on its own): the
+    `blob` it was for (None when the attempt names none)."""
+
+    def __init__(self, blob: str | None = None):
+        self.blob = blob
+        super().__init__(f"cancelled{f' {blob}' if blob else ''}: another blob of this push failed")
 
 
 def retry_after_s(resp: requests.Response) -> float | None:
@@ -154,7 +159,7 @@ def with_retries(attempt: Callable[[], T], policy: RetryPolicy, *, note: Callabl
     spent = 0.0
     for made in range(1, policy.attempts + 1):
         if cancel is not None and cancel.is_set():
-            raise Cancelled("cancelled: another blob of this push failed")
+            raise Cancelled(blob)
         try:
             return attempt()
         except RegistryError as err:
@@ -174,7 +179,7 @@ def with_retries(attempt: Callable[[], T], policy: RetryPolicy, *, note: Callabl
                  f"{f' (blob {blob[:19]})' if blob else ''}; attempt {made + 1} of {policy.attempts} in {wait:.1f} s")
             if cancel is not None:
                 if cancel.wait(wait):
-                    raise Cancelled("cancelled: another blob of this push failed") from None
+                    raise Cancelled(blob) from None
             else:
                 time.sleep(wait)
     raise AssertionError("unreachable")  # the loop returns or raises

@@ -55,7 +55,12 @@ COMPILE_TIMEOUT_S = 1800  # vLLM's topk.cu for both targets: ~3 min on a loaded 
 
 
 class CompileEnvironmentError(PatchkitError):
-    """What the compile needs is not here (nvcc, torch's headers, a header the source includes): exit 2."""
+    """What the compile needs is not here (exit 2): the `missing` piece ("nvcc", "nvcc >= 12.9", "torch
+    headers", or the header a source includes) and the `detail` that says what was looked for and found."""
+
+    def __init__(self, missing: str, detail: str):
+        self.missing, self.detail = missing, detail
+        super().__init__(detail)
 
 
 @dataclass
@@ -84,13 +89,13 @@ def find_nvcc() -> tuple[str, str]:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise CompileEnvironmentError(
-            "nvcc not found on PATH: the run-time compiled half of the kernel census compiles the kernels with CUDA "
-            "13's nvcc (e.g. put /usr/local/cuda-13.0/bin on PATH); nothing was checked")
+            "nvcc", "nvcc not found on PATH: the run-time compiled half of the kernel census compiles the kernels "
+            "with CUDA 13's nvcc (e.g. put /usr/local/cuda-13.0/bin on PATH); nothing was checked")
     code, text = _run([nvcc, "--version"], None, 60, "nvcc --version")
     found = re.search(r"release (\d+)\.(\d+)", text)
     if code != 0 or not found or (int(found.group(1)), int(found.group(2))) < (12, 9):
-        raise CompileEnvironmentError(f"{nvcc} --version: expected CUDA 12.9 or later (sm_120f, sm_121a), found "
-                                      f"{text.strip()[-200:]!r}")
+        raise CompileEnvironmentError("nvcc >= 12.9", f"{nvcc} --version: expected CUDA 12.9 or later (sm_120f, "
+                                      f"sm_121a), found {text.strip()[-200:]!r}")
     return nvcc, text.strip()
 
 
@@ -125,8 +130,9 @@ def _torch() -> tuple[Path, str]:
     include = Path(spec.origin).parent / "include" if spec and spec.origin else None
     if include is None or not (include / "torch" / "csrc" / "stable").is_dir():
         raise CompileEnvironmentError(
-            "compiling vLLM's topk.cu as its build does needs torch's C++ headers (torch/csrc/stable): no torch "
-            "with them is importable by this Python; run in the release's environment or install torch")
+            "torch headers", "compiling vLLM's topk.cu as its build does needs torch's C++ headers "
+            "(torch/csrc/stable): no torch with them is importable by this Python; run in the release's environment "
+            "or install torch")
     return include, importlib.metadata.version("torch")
 
 
@@ -202,8 +208,8 @@ def compile_tree(unit: Unit, kernels: list[Kernel], top: Path, nvcc: str, torch,
             missing = re.search(r"fatal error: (\S+): No such file or directory", text)
             tail = "\n".join(text.strip().splitlines()[-12:])
             if missing:
-                raise CompileEnvironmentError(f"{what}: {unit.name} does not compile here: {missing.group(1)} is "
-                                              f"missing (nvcc exit {code}):\n{tail}")
+                raise CompileEnvironmentError(missing.group(1), f"{what}: {unit.name} does not compile here: "
+                                              f"{missing.group(1)} is missing (nvcc exit {code}):\n{tail}")
             return {"ptxas": "", "budget": {}, "host": host_text, "error": f"nvcc exit {code}:\n{tail}"}
         budget = {arch: _budget_values((keep / f"patchkit_probe.compute_{arch[3:]}.ptx").read_text())
                   for arch in ARCHS}

@@ -4,11 +4,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from builders import ENV_OK
 from builders import image_toml as root
-
 from patchkit.errors import PatchkitError
-from patchkit.images.definitions import ARCH_ENV, load_image, load_images
+from patchkit.images.definitions import ARCH_ENV, UnknownImage, load_image, load_images
 from patchkit.patching.patchset import load_patchset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,8 +102,9 @@ def test_invalid_definitions_are_clear_errors(tmp_path, patchset, files, message
 
 def test_unknown_image_name(tmp_path, patchset):
     d = write(tmp_path, {"a": root()})
-    with pytest.raises(PatchkitError, match="unknown image 'x'"):
+    with pytest.raises(UnknownImage, match="unknown image 'x'; ") as info:
         load_image(d, "x", patchset)
+    assert (info.value.name, info.value.known) == ("x", ("a",))
 
 
 def test_the_pinned_base_stand_in_follows_the_root_definition(images):

@@ -16,8 +16,7 @@ from patchkit.bootlog.markers import MARKER
 from patchkit.checkpoint.identity import sha256_bytes
 from patchkit.checkpoint.inventory import KINDS
 from patchkit.checkpoint.preflight import preflight
-from patchkit.errors import PatchkitError
-from patchkit.images.definitions import load_images, series_named
+from patchkit.images.definitions import PatchEnvMismatch, load_images, series_named
 from patchkit.patching.patchset import InvalidPatchFile, load_patchset
 from patchkit.smoke.hardware import Switches, switches_of
 from patchkit.smoke.synthetic_config import write_header_set
@@ -68,14 +67,16 @@ def test_an_images_environment_follows_its_patches_image_table(tmp_path):
     quantprobe's (in every image), the real images are refused naming it. An image without nope-mla-pad's
     switch is refused while the patch's [image] table claims it, and loads once the table is gone."""
     added = patches_copy(tmp_path / "a", {"quantprobe": ("[smoke]\n", '[image]\nenv = { PATCHKIT_PROBE_DEFAULT = "1" }\n\n[smoke]\n')})
-    with pytest.raises(PatchkitError, match="the series has quantprobe, whose code reads PATCHKIT_PROBE_DEFAULT: set it to '1'"):
+    with pytest.raises(PatchEnvMismatch, match="the series has quantprobe, whose code reads PATCHKIT_PROBE") as info:
         load_images(IMAGES, load_patchset(added))
+    assert (info.value.patch, info.value.key, info.value.wanted) == ("quantprobe", "PATCHKIT_PROBE_DEFAULT", "1")
     images = tmp_path / "images"
     shutil.copytree(IMAGES, images)
     definition = images / "glm53-flash-nvfp4" / "image.toml"
     definition.write_text(definition.read_text().replace(', VLLM_MLA_NOPE_PAD_ROPE = "1" }', " }"))
-    with pytest.raises(PatchkitError, match="the series has nope-mla-pad, whose code reads VLLM_MLA_NOPE_PAD_ROPE"):
+    with pytest.raises(PatchEnvMismatch) as unset:
         load_images(images, load_patchset(PATCHES))
+    assert (unset.value.patch, unset.value.key, unset.value.wanted) == ("nope-mla-pad", "VLLM_MLA_NOPE_PAD_ROPE", "1")
     removed = patches_copy(tmp_path / "b", {"nope-mla-pad": ('[image]\nenv = { VLLM_MLA_NOPE_PAD_ROPE = "1" }', "")})
     assert "VLLM_MLA_NOPE_PAD_ROPE" not in load_images(images, load_patchset(removed))[LAB].env
 

@@ -155,10 +155,31 @@ def load_images(images_dir: Path | str, patchset: PatchSet) -> dict[str, Image]:
     return resolved
 
 
+class UnknownImage(PatchkitError):
+    """An image name no image.toml defines (exit 2): the `name` asked for, the `images_dir` looked in and
+    the `known` image names there."""
+
+    def __init__(self, name: str, images_dir: Path | str, known: tuple[str, ...]):
+        self.name, self.images_dir, self.known = name, images_dir, known
+        super().__init__(f"unknown image {name!r}; {images_dir} has: {', '.join(known)}")
+
+
+class PatchEnvMismatch(PatchkitError):
+    """An image whose environment disagrees with a patch's [image] env (exit 2): `where` (the image file),
+    the `patch`, the variable `key` and the value the patch `wanted` there (None when the patch is not in
+    the series, so the variable must go)."""
+
+    def __init__(self, where: str, patch: str, key: str, wanted: str | None):
+        self.where, self.patch, self.key, self.wanted = where, patch, key, wanted
+        super().__init__(f"{where}: the series has {patch}, whose code reads {key}: set it to {wanted!r}"
+                         if wanted is not None else
+                         f"{where}: {key} switches {patch}, which is not in the series: remove it")
+
+
 def load_image(images_dir: Path | str, name: str, patchset: PatchSet) -> Image:
     images = load_images(images_dir, patchset)
     if name not in images:
-        raise PatchkitError(f"unknown image {name!r}; {images_dir} has: {', '.join(sorted(images))}")
+        raise UnknownImage(name, images_dir, tuple(sorted(images)))
     return images[name]
 
 
@@ -351,9 +372,9 @@ def _env(doc: ImageFile, parent: Image | None, series: tuple[str, ...], patchset
     for patch in patchset.series():
         for key, value in patch.image_env.items():
             if patch.id in series and env.get(key) != value:
-                raise PatchkitError(f"{at}: the series has {patch.id}, whose code reads {key}: set it to {value!r}")
+                raise PatchEnvMismatch(at, patch.id, key, value)
             if patch.id not in series and key in env:
-                raise PatchkitError(f"{at}: {key} switches {patch.id}, which is not in the series: remove it")
+                raise PatchEnvMismatch(at, patch.id, key, None)
     return env
 
 

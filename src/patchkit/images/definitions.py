@@ -136,7 +136,10 @@ class Image:
 
     @property
     def base_digest(self) -> str:
-        return BASE_RE.match(self.base)["digest"]
+        m = BASE_RE.match(self.base)
+        if m is None:  # loading a definition checks it; an ImageDef made otherwise may not hold one
+            raise PatchkitError(f"base {self.base!r} is not name@sha256:<64 hex digits>")
+        return m["digest"]
 
     def engine_versions(self) -> dict[str, str]:
         """The `versions=` the engine gets for this image's own base: each declared layout."""
@@ -273,11 +276,14 @@ def _packages(doc: ImageFile, parent: Image | None, where: str, why: dict) -> di
 def _wheels(doc: ImageFile, platform: str, packages: dict[str, PackageSpec], where: str) -> dict[str, WheelPin]:
     """The definition's own pinned wheels, each file checked against its name, version and platform and the
     image's Python (from the vllm package path), so a pin no pip there would install fails here."""
-    found = re.search(r"/python(\d)\.(\d+)/", packages["vllm"].path) if doc.wheels else None
-    if doc.wheels and found is None:
+    out: dict[str, WheelPin] = {}
+    if not doc.wheels:
+        return out
+    found = re.search(r"/python(\d)\.(\d+)/", packages["vllm"].path)
+    if found is None:
         raise PatchkitError(f"{where}: [wheels] needs the image's Python, read from [packages.vllm] path "
                             f"{packages['vllm'].path!r}, which names no pythonX.Y folder")
-    out = {}
+    python = (found[1], found[2])
     for name, table in doc.wheels.items():
         at = f"{where}: [wheels.{name}]"
         if canonicalize_name(name) != name:
@@ -293,7 +299,7 @@ def _wheels(doc: ImageFile, platform: str, packages: dict[str, PackageSpec], whe
         for plat, pinned in sorted(table.files.items()):
             if plat not in WHEEL_PLATFORMS:
                 raise PatchkitError(f"{at}: platform {plat!r} is not one of {', '.join(WHEEL_PLATFORMS)}")
-            _check_wheel_file(pinned.filename, name, version, WHEEL_PLATFORMS[plat], found.groups(), f"{at}.files.{plat}")
+            _check_wheel_file(pinned.filename, name, version, WHEEL_PLATFORMS[plat], python, f"{at}.files.{plat}")
             files[plat] = (pinned.filename, pinned.sha256)
         out[name] = WheelPin(name, str(version), files, table.why)
     return out
@@ -307,7 +313,7 @@ def _check_wheel_file(filename: str, name: str, version: Version, arch: str, pyt
     if project != name or found != version:
         raise PatchkitError(f"{at}: {filename} is {project} {found}'s, not {name} {version}'s")
     platforms = [t.platform for t in tags]
-    if not all(p == "any" or p.startswith(("manylinux", "musllinux", "linux_")) and p.endswith(f"_{arch}")
+    if not all(p == "any" or (p.startswith(("manylinux", "musllinux", "linux_")) and p.endswith(f"_{arch}"))
                for p in platforms):
         raise PatchkitError(f"{at}: {filename} is for {', '.join(sorted(set(platforms)))}, not linux {arch}")
     # What pip on that Python accepts: CPython's own tags, then the py3/abi3/none ones (packaging.tags).

@@ -248,11 +248,11 @@ def _api_error():
 def _build_stream(client, context: Path | bytes, tags: list[str], platform: str):
     """The engine's build stream (decoded JSON chunks) for `context` under every name in `tags`: the SDK's
     `build` takes one tag; the API takes `t` once per name."""
-    import docker
+    import docker.utils
 
     api = client.api
     if isinstance(context, Path):
-        data = docker.utils.tar(str(context), gzip=True)
+        data = docker.utils.tar(context, gzip=True)
     else:
         data = io.BytesIO(context)
     headers = {"Content-Type": "application/tar", "Content-Encoding": "gzip"}
@@ -307,7 +307,7 @@ def engine_push(client, image_id: str, tags: Tags, annotations: dict[str, str]) 
     them). So the manifest it pushed is read back and put again under the same tag as an OCI manifest
     with the same config and layer blobs (media types renamed, bytes untouched) and the annotations: a few
     KiB, no blob moves. The engine's RepoDigests keep naming its own manifest, which the registry keeps."""
-    pushed = []
+    pushed: list[str] = []
     for tag in tags.push:
         repo, _, name_tag = tag.rpartition(":")
         with engine_step(f"pushing {tag}", lambda: [f"pushed so far: {', '.join(pushed) or 'nothing'}"]):
@@ -321,11 +321,20 @@ def engine_push(client, image_id: str, tags: Tags, annotations: dict[str, str]) 
 
 def annotate_pushed(tag: str, annotations: dict[str, str]) -> str:
     """Re-put the manifest an engine pushed under `tag` as an OCI manifest carrying `annotations`."""
-    from patchkit.oci.media import (DOCKER_CONFIG, DOCKER_FOREIGN_GZIP, DOCKER_LAYER_GZIP, DOCKER_MANIFEST,
-                                    OCI_LAYER_GZIP, OCI_LAYER_NONDIST_GZIP, OCI_MANIFEST)
+    from patchkit.oci.media import (
+        DOCKER_CONFIG,
+        DOCKER_FOREIGN_GZIP,
+        DOCKER_LAYER_GZIP,
+        DOCKER_MANIFEST,
+        OCI_LAYER_GZIP,
+        OCI_LAYER_NONDIST_GZIP,
+        OCI_MANIFEST,
+    )
     from patchkit.oci.registry import RegistryClient
 
     ref = Reference.parse(tag)
+    if ref.tag is None:  # tags_for gives every push name one
+        raise PatchkitError(f"{tag}: the engine pushes a name with a tag; this one has none")
     client = RegistryClient(ref.registry)
     data, media_type = client.get_manifest(ref.repository, ref.tag)
     if media_type not in (DOCKER_MANIFEST, OCI_MANIFEST):

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
 import requests
 import urllib3
@@ -155,11 +156,12 @@ class ContainerSource(PackagePaths):
             self._files[name] = found or None
         return found or None
 
-    def _cached(self, name: str):
+    def _cached(self, name: str) -> tuple[Member, bytes] | Literal[False] | None:
         """(Member, bytes), False for a path known absent, None when the cache does not know it (or its
         entry is damaged: then it is read again)."""
         if not self._trust:
             return None
+        found: tuple[Member, bytes] | Literal[False] | None
         if self._listing.get(name) == ABSENT:
             found = False
         else:
@@ -184,7 +186,9 @@ class ContainerSource(PackagePaths):
                                         "regular files only")
                 if posixpath.basename(info.name.rstrip("/")) != posixpath.basename(name):
                     raise PatchkitError(f"the engine sent {info.name!r} for {name}")
-                data = tar.extractfile(info).read()
+                body = tar.extractfile(info)
+                assert body is not None  # a regular file (checked above)
+                data = body.read()
         except tarfile.TarError as exc:
             raise PatchkitError(f"the engine sent no readable archive for {name} ({exc})") from None
         return Member(normalize(name), "file", info.mode, info.uid, info.gid, info.size), data
@@ -326,12 +330,16 @@ class ContainerSource(PackagePaths):
         module = VERSION_MODULES.get(pkg.name)
         found = self._fetch("/" + normalize(f"{pkg.root}/{module}")) if module else None
         stated = version_py(found[1]) if found else None
-        if pkg.declared is None and stated is None:
+        if not pkg.declared and stated is None:
             if self._fetch("/" + normalize(f"{pkg.root}/__init__.py")) is None and not pkg.required:
                 return None
             raise PatchkitError(f"{self.base.spec}: the {pkg.name} version is unknown (no {module} stating "
                                 "__version__ and no version in the image file)")
-        candidates = [pkg.declared] if pkg.declared else [stated, *self._suffixed(stated)]
+        if pkg.declared:
+            candidates = [pkg.declared]
+        else:
+            assert stated is not None  # refused just above when neither is known
+            candidates = [stated, *self._suffixed(stated)]
         metadata = None
         for version in candidates:
             if (metadata := self._fetch(self._metadata_path(pkg, version))) is not None:

@@ -74,7 +74,7 @@ def write_archive(base: BaseImage, tag: str, out: BinaryIO, workdir: Path) -> in
     names = []
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, config_name, base.config_bytes)
-        for desc, diff_id in zip(base.layers, diff_ids):
+        for desc, diff_id in zip(base.layers, diff_ids, strict=True):  # (same length, checked above)
             name = f"{diff_id.removeprefix('sha256:')}/layer.tar"
             spool = workdir / "layer.tar"
             with open(spool, "wb") as raw:
@@ -95,7 +95,7 @@ def _uncompressed(base: BaseImage, desc: dict, diff_id: str, out: BinaryIO) -> N
     blob_sha, tar_sha = hashlib.sha256(), hashlib.sha256()
     inflate = None if media_type == OCI_LAYER_TAR else zlib.decompressobj(16 + zlib.MAX_WBITS)
     limit, written = limit_of("layer-tar"), 0
-    with base.open_blob(digest, desc.get("size")) as raw:
+    with base.open_blob(digest, desc["size"]) as raw:  # oci.schema.Manifest requires every layer's size
         while chunk := raw.read(CHUNK):
             blob_sha.update(chunk)
             pending = chunk

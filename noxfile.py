@@ -1,4 +1,4 @@
-"""Sessions: tests, tests-releases, release-<v>, what-ran-where, patch-necessity, verify, bench, and
+"""Sessions: lint, tests, tests-releases, release-<v>, what-ran-where, patch-necessity, verify, bench, and
 build-<variant> for every image in images/.
 
 Every supported vLLM release (0.30.0-0.33.0) gets its own cached CPU test environment, the release's
@@ -58,6 +58,12 @@ RESULTS = CACHE / "results"  # one record per release run (tests/release_record.
 TEST_PYTHON = "3.11"  # the test environments': the torch 2.14.1 wheels on this machine's disk are cp311
 USER_PYTHONS = ((3, 11), (3, 12), (3, 13))  # what the user's sessions run on (requires-python >= 3.11)
 
+# The checkers `nox -s lint` runs, pinned: a new ruff or mypy release brings new rules and must not turn CI
+# red on its own. The stubs are the typeshed ones for the two untyped dependencies mypy reads (docker,
+# requests); pyproject.toml's [tool.mypy] lists the packages that have none.
+LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1", "types-requests==2.33.0.20261030", "types-docker==7.2.0.20261006")
+
+nox.needs_version = ">=2024.3.2"  # sessions' `requires` (tests requires lint)
 nox.options.envdir = str(CACHE / "nox")
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["tests"]
@@ -109,9 +115,31 @@ def _release_env(session: nox.Session, release: str, necessity_of: str = "") -> 
 
 
 @nox.session(python=TEST_PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff on src/ and tests/, mypy on src/patchkit (pyproject.toml's [tool.ruff] and [tool.mypy]), in an
+    environment of its own: mypy must see patchkit's dependencies, not the test environments' vLLM and
+    torch. `nox -s tests` requires it. The installs run only when the pins or patchkit's dependencies
+    changed (a stamp in the environment): nox's reuse still asks pip each time, and an editable build
+    of patchkit takes longer than both checks, which take a few seconds warm (their caches live in the
+    environment, not the checkout)."""
+    env_dir = Path(session.virtualenv.location)
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        wanted = "\n".join([*LINT_TOOLS, *tomllib.load(f)["project"]["dependencies"]])
+    stamp = env_dir / "patchkit-lint-installed"
+    if not stamp.is_file() or stamp.read_text() != wanted:
+        session.install(*LINT_TOOLS)
+        session.install("-e", str(ROOT))  # mypy reads the types of patchkit's dependencies
+        stamp.write_text(wanted)
+    session.env.update({"MYPY_CACHE_DIR": str(env_dir / "mypy-cache"), "RUFF_CACHE_DIR": str(env_dir / "ruff-cache")})
+    session.run("ruff", "check", "src", "tests")
+    session.run("mypy")  # files = src/patchkit (pyproject.toml)
+
+
+@nox.session(python=TEST_PYTHON, requires=["lint"])
 def tests(session: nox.Session) -> None:
-    """The whole suite against real vLLM 0.33.0, real vLLM sources and a real local OCI registry; then the
-    release-sensitive tests on every older release (DEFAULT_OLDER) and the What-ran-where check."""
+    """`lint` first (required: a finding fails the run before the suite starts); then the whole suite against
+    real vLLM 0.33.0, real vLLM sources and a real local OCI registry; then the release-sensitive tests on
+    every older release (DEFAULT_OLDER) and the What-ran-where check."""
     install_vllm_env(session, PINNED)
     install_actionlint(session)
     if not session.posargs:  # a fresh matrix: no record of an earlier run may stand in for this one

@@ -31,8 +31,9 @@ from patchkit.errors import PatchFailed, PatchkitError
 from patchkit.images.build import build
 from patchkit.images.definitions import ARCH_ENV, load_image
 from patchkit.images.engine import BYTECODE_STUB, build_with_engine, render_context
-from patchkit.images.prepare import prepare
+from patchkit.images.prepare import BaseUnusable, ImageIdIsNoBase, prepare
 from patchkit.oci.media import OCI_LAYER_GZIP, OCI_MANIFEST
+from patchkit.patching.carry import ChangesNothing
 from patchkit.patching.patchset import load_patchset
 from patchkit.patching.series import series_hash
 from registry import (  # noqa: F401
@@ -289,11 +290,12 @@ def test_a_drifted_base_fails_with_the_anchor_diagnostic_and_pushes_nothing(sdis
 
 def test_an_unreachable_base_names_the_base_flag(tmp_path):
     ref = f"127.0.0.1:{free_port()}/vllm/vllm-openai@sha256:" + "0" * 64
-    with pytest.raises(PatchkitError, match="--base") as info:
+    with pytest.raises(BaseUnusable, match="Pass a reachable base with --base") as info:
         run_build("glm53-flash-nvfp4", tmp_path, base=ref, output=tmp_path / "out")
-    assert "cannot reach registry" in str(info.value)
-    with pytest.raises(PatchkitError, match="--base"):
+    assert info.value.spec == ref and "cannot reach registry" in str(info.value.cause)
+    with pytest.raises(BaseUnusable) as missing:
         run_build("glm53-flash-nvfp4", tmp_path, base=str(tmp_path / "no-such-layout"))
+    assert missing.value.spec == str(tmp_path / "no-such-layout")
     assert not (tmp_path / "out").exists()
 
 
@@ -317,12 +319,12 @@ def test_a_base_outside_every_patchs_range_builds_nothing(base, patchset, tmp_pa
     image = load_image(ROOT / "images", "glm53-flash-nvfp4", patchset)
     vllm = dataclasses.replace(image.packages["vllm"], version="0.33.0", layout="0.29.0")
     own = dataclasses.replace(image, base=f"synthetic/base:base@{base['index']}", packages={"vllm": vllm})
-    with pytest.raises(PatchkitError) as info:
+    with pytest.raises(ChangesNothing) as info:
         prepare(own, patchset, base=f"{base['layout']}:base", cache=tmp_path / "cache")
     assert not isinstance(info.value, PatchFailed)
-    message = str(info.value)
-    assert "image glm53-flash-nvfp4 changes nothing in" in message
-    assert all(f"{patch}: out-of-range" in message for patch in image.series), message
+    assert info.value.artifact == "image glm53-flash-nvfp4"
+    assert {patch: str(state) for patch, state in info.value.states.items()} == dict.fromkeys(image.series,
+                                                                                            "out-of-range")
 
 
 def test_a_patch_out_of_range_is_left_out_and_named_as_skipped(base, tmp_path):
@@ -560,6 +562,7 @@ def test_an_image_id_is_no_base_reference(tmp_path):
     for spec in ("sha256:4f775762eb048883fb40c90831a4d30069611c53e22397c741d5a0a309214d39", "sha256:4f77",
                  "4f775762eb048883fb40c90831a4d30069611c53e22397c741d5a0a309214d39"):
         assert is_image_id(spec)
-        with pytest.raises(PatchkitError, match="image id names no registry image"):
+        with pytest.raises(ImageIdIsNoBase) as info:
             run_build(IMAGE_4P67, tmp_path, base=spec, output=tmp_path / "oci")
+        assert info.value.spec == spec
     assert not is_image_id("vllm/vllm-openai:glm53") and not is_image_id("4f775762eb04")

@@ -89,6 +89,27 @@ def wanted_files(patches: list[Patch]) -> list[tuple[str, str]]:
     return [(t.package, c) for t in targets for c in t.candidates]
 
 
+class ImageIdIsNoBase(PatchkitError):
+    """`--base` gave an engine's image id, which names no registry image, for a daemonless build (exit 2):
+    the `spec` as given."""
+
+    def __init__(self, spec: str):
+        self.spec = spec
+        super().__init__(f"--base {spec}: an engine's image id names no registry image and the engine has no such "
+                         "image (a --load build looks ids up there): pass the name or id of an image in the engine "
+                         "with --load, a registry reference, or an OCI layout directory")
+
+
+class BaseUnusable(PatchkitError):
+    """The base image could not be opened (exit 2): the `spec` as given and the `cause`, the error opening
+    it raised (unreachable registry, missing layout, wrong platform, ...)."""
+
+    def __init__(self, spec: str, cause: PatchkitError):
+        self.spec, self.cause = spec, cause
+        super().__init__(f"cannot use base image {spec}: {cause}\n  Pass a reachable base with --base: an OCI layout "
+                         "directory (DIR or DIR:NAME) or a registry reference (REGISTRY/REPO@sha256:...)")
+
+
 def prepare(image: Image, patchset: PatchSet, *, base: str | None = None, cache: Path | None = None,
             progress: Progress | None = None, keep: bool = True) -> Prepared[BaseImage, ImageLayersSource]:
     """Plan against a registry or OCI-layout base, reading only the layers that hold the files."""
@@ -96,16 +117,12 @@ def prepare(image: Image, patchset: PatchSet, *, base: str | None = None, cache:
     spec = base or image.base
     platform = Platform.parse(image.platform)
     if is_image_id(spec) and not Path(spec).exists():
-        raise PatchkitError(f"--base {spec}: an engine's image id names no registry image and the engine "
-                            "has no such image (a --load build looks ids up there): pass the name or id of an "
-                            "image in the engine with --load, a registry reference, or an OCI layout directory")
+        raise ImageIdIsNoBase(spec)
     try:
         base_image = open_base(spec, platform, cache=cache or default_cache_root() / "oci", progress=progress,
                                keep=keep)
     except PatchkitError as exc:
-        raise PatchkitError(f"cannot use base image {spec}: {exc}\n  Pass a reachable base with --base: an OCI "
-                            "layout directory (DIR or DIR:NAME) or a registry reference (REGISTRY/REPO@sha256:...)"
-                            ) from None
+        raise BaseUnusable(spec, exc) from None
     own = is_own_base(image, base, {base_image.digest, base_image.manifest_digest})
     patches = patchset.series(list(image.series))
     source = ImageLayersSource(base_image, package_roots(image, patches, own))

@@ -30,7 +30,7 @@ from bases import version_py as scm_version_py
 from patchkit.errors import PatchFailed, PatchkitError
 from patchkit.images.build import build
 from patchkit.images.definitions import ARCH_ENV, load_image
-from patchkit.images.engine import BYTECODE_STUB, build_with_engine, render_context
+from patchkit.images.engine import BYTECODE_STUB, NoEngine, build_with_engine, render_context
 from patchkit.images.prepare import BaseUnusable, ImageIdIsNoBase, prepare
 from patchkit.oci.media import OCI_LAYER_GZIP, OCI_MANIFEST
 from patchkit.patching.carry import ChangesNothing
@@ -390,8 +390,9 @@ def test_stub_bytecode_is_ignored_by_python(tmp_path):
 @pytest.mark.registry
 def test_no_engine_is_a_clear_error_naming_the_daemonless_path(base_ref, tmp_path):
     result = run_build("glm53-flash-nvfp4", tmp_path, base=base_ref, dry_run=True)
-    with pytest.raises(PatchkitError, match="daemonless"):
+    with pytest.raises(NoEngine, match="the default daemonless build needs none") as info:
         build_with_engine(result.built, engine_url=f"unix://{tmp_path}/no-engine.sock")
+    assert info.value.where == f"unix://{tmp_path}/no-engine.sock"
 
 
 @pytest.fixture(scope="module")

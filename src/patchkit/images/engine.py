@@ -51,6 +51,16 @@ class EngineError(PatchkitError):
         super().__init__(text + (f"; what it may keep: {'; '.join(self.clean)}" if self.clean else ""))
 
 
+class NoEngine(PatchkitError):
+    """No Docker-API engine answers where --engine/--load looked (exit 2): `where` it looked (the URL,
+    DOCKER_HOST or the default socket) and the `cause`, the name of what the SDK raised."""
+
+    def __init__(self, where: str, cause: str):
+        self.where, self.cause = where, cause
+        super().__init__(f"no Docker-API engine at {where} ({cause}): the default daemonless build needs none, "
+                         "run `patchkit build` without --engine/--load")
+
+
 def engine_faults() -> tuple[type[BaseException], ...]:
     """What a Docker-API call raises when the engine errs or goes away: the SDK's errors (its APIError is
     requests' HTTPError), requests' (ConnectionError, ChunkedEncodingError, ReadTimeout), urllib3's that
@@ -113,8 +123,7 @@ def connect(engine_url: str | None = None):
                               "may not use it; join the docker group with `sudo usermod -aG docker $USER`, then "
                               "log out and in again (or run the daemonless build: `patchkit build` without "
                               "--engine/--load)") from None
-        raise PatchkitError(f"no Docker-API engine at {where} ({exc.__class__.__name__}): the default "
-                            "daemonless build needs none, run `patchkit build` without --engine/--load") from None
+        raise NoEngine(where, exc.__class__.__name__) from None
     return client
 
 

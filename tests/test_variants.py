@@ -13,7 +13,7 @@ import pytest
 from patchkit.errors import PatchkitError
 from patchkit.variants.definitions import PINNED_KV_BYTES, UnknownVariant, find_variant, load_variant, load_variants
 from patchkit.variants.pins import InvalidPin, PinContradicted, Unpinned, resolve_pins
-from patchkit.vllm_rules import check_method
+from patchkit.vllm_rules import UnloadableCheckpoint, WrongQuantMethod, check_method
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGES = REPO / "images"
@@ -160,19 +160,30 @@ def test_variant_patches_exist_in_the_patch_set(variants):
 
 
 @pytest.mark.parametrize(
-    ("fmt", "algo", "method", "message"),
+    ("fmt", "algo", "method", "needed"),
     [
-        ("modelopt", "NVFP4", "modelopt", "needs 'modelopt_fp4'.*FP8 config"),
-        ("modelopt", "MIXED_PRECISION", "modelopt_fp4", "needs 'modelopt_mixed'"),
-        ("modelopt", "MXFP8", "modelopt_mixed", "needs 'modelopt_mxfp8'"),
-        ("compressed-tensors", "nvfp4-pack-quantized", "modelopt_fp4", "needs 'compressed-tensors'"),
-        ("modelopt", "INT4_AWQ", "modelopt", "not one vLLM 0.33 loads"),
-        ("gguf", "Q4", "gguf", "not one of"),
+        ("modelopt", "NVFP4", "modelopt", "modelopt_fp4"),
+        ("modelopt", "MIXED_PRECISION", "modelopt_fp4", "modelopt_mixed"),
+        ("modelopt", "MXFP8", "modelopt_mixed", "modelopt_mxfp8"),
+        ("compressed-tensors", "nvfp4-pack-quantized", "modelopt_fp4", "compressed-tensors"),
     ],
 )
-def test_wrong_method_pairing_is_a_clear_error(fmt, algo, method, message):
-    with pytest.raises(PatchkitError, match=message):
+def test_wrong_method_pairing_is_a_clear_error(fmt, algo, method, needed):
+    with pytest.raises(WrongQuantMethod) as info:
         check_method(fmt, algo, method, "here")
+    assert (info.value.where, info.value.method, info.value.needed) == ("here", method, needed)
+
+
+def test_the_modelopt_fp8_method_is_named_as_such():
+    with pytest.raises(WrongQuantMethod, match=r"needs 'modelopt_fp4'.*`modelopt` is the FP8 config"):
+        check_method("modelopt", "NVFP4", "modelopt", "here")
+
+
+@pytest.mark.parametrize(("fmt", "algo"), [("modelopt", "INT4_AWQ"), ("gguf", "Q4")])
+def test_a_layout_vllm_cannot_load_is_refused(fmt, algo):
+    with pytest.raises(UnloadableCheckpoint, match=r"^here: ") as info:
+        check_method(fmt, algo, fmt, "here")
+    assert (info.value.fmt, info.value.quant_algo, info.value.where) == (fmt, algo, "here")
 
 
 def test_right_pairings_pass():
@@ -271,7 +282,7 @@ def test_duplicate_alias_across_variants_is_refused(tmp_path):
 
 def test_unpinned_variant_refuses_identity_without_user_pins(variants):
     lab = variants["4p67"]
-    with pytest.raises(Unpinned, match="no known SHA-256 pin for config.json.*--pin-config") as config:
+    with pytest.raises(Unpinned, match=r"no known SHA-256 pin for config\.json.*--pin-config") as config:
         resolve_pins(lab)
     assert (config.value.variant, config.value.label) == ("4p67", "config.json")
     with pytest.raises(Unpinned) as index:
@@ -286,7 +297,7 @@ def test_user_pin_cannot_override_a_known_pin(variants):
     own = nvidia.checkpoint.pins
     assert resolve_pins(nvidia) == own
     assert resolve_pins(nvidia, config_sha256=own.config_sha256) == own
-    with pytest.raises(PinContradicted, match="; the pin given .* contradicts it") as info:
+    with pytest.raises(PinContradicted, match=r"; the pin given .* contradicts it") as info:
         resolve_pins(nvidia, config_sha256=SHA_A)
     assert (info.value.variant, info.value.own, info.value.given) == ("nvidia-nvfp4", own.config_sha256, SHA_A)
 

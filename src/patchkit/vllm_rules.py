@@ -41,6 +41,32 @@ MODELOPT_METHODS: dict[str, str] = {
 MODELOPT_METHOD_NAMES = frozenset(MODELOPT_METHODS.values())
 
 
+class UnloadableCheckpoint(PatchkitError):
+    """A checkpoint layout vLLM 0.33 has no loader for (exit 2): its `fmt` and `quant_algo`, and `where`
+    (the file, table and key naming it; "" when the caller adds it)."""
+
+    def __init__(self, fmt: str, quant_algo: str, where: str = ""):
+        self.fmt, self.quant_algo, self.where = fmt, quant_algo, where
+        lead = f"{where}: " if where else ""
+        if fmt == "modelopt":
+            super().__init__(f"{lead}ModelOpt quant_algo {quant_algo!r} is not one vLLM 0.33 loads "
+                             f"(known: {', '.join(sorted(MODELOPT_METHODS))})")
+        else:
+            super().__init__(f"{lead}checkpoint format {fmt!r} is not one of {', '.join(LOADER_FORMATS)}")
+
+
+class WrongQuantMethod(PatchkitError):
+    """A vLLM quantization method that does not load the checkpoint's layout (exit 2): `where` names it
+    (file, table, key), the layout's `fmt` and `quant_algo`, the `method` given and the one `needed`."""
+
+    def __init__(self, where: str, fmt: str, quant_algo: str, method: str, needed: str):
+        self.where, self.fmt, self.quant_algo, self.method, self.needed = where, fmt, quant_algo, method, needed
+        detail = (" (in vLLM 0.33 `modelopt` is the FP8 config; the day-0 fork's loader names do not carry over)"
+                  if method == "modelopt" and needed != "modelopt" else "")
+        super().__init__(f"{where}: {method!r} does not load a {fmt} {quant_algo} checkpoint in vLLM 0.33; "
+                         f"it needs {needed!r}{detail}")
+
+
 def expected_method(fmt: str, quant_algo: str) -> str:
     """The vLLM 0.33 method for a checkpoint layout; PatchkitError for a layout it cannot load."""
     if fmt == "compressed-tensors":
@@ -48,12 +74,9 @@ def expected_method(fmt: str, quant_algo: str) -> str:
     if fmt == "modelopt":
         method = MODELOPT_METHODS.get(quant_algo.upper())
         if method is None:
-            raise PatchkitError(
-                f"ModelOpt quant_algo {quant_algo!r} is not one vLLM 0.33 loads "
-                f"(known: {', '.join(sorted(MODELOPT_METHODS))})"
-            )
+            raise UnloadableCheckpoint(fmt, quant_algo)
         return method
-    raise PatchkitError(f"checkpoint format {fmt!r} is not one of {', '.join(LOADER_FORMATS)}")
+    raise UnloadableCheckpoint(fmt, quant_algo)
 
 
 def check_method(fmt: str, quant_algo: str, method: str, where: str) -> None:
@@ -61,19 +84,10 @@ def check_method(fmt: str, quant_algo: str, method: str, where: str) -> None:
     `where` leads the message: the file, table and key that name `method`."""
     try:
         right = expected_method(fmt, quant_algo)
-    except PatchkitError as exc:
-        raise PatchkitError(f"{where}: {exc}") from None
+    except UnloadableCheckpoint:
+        raise UnloadableCheckpoint(fmt, quant_algo, where) from None
     if method != right:
-        detail = ""
-        if method == "modelopt" and right != "modelopt":
-            detail = (
-                " (in vLLM 0.33 `modelopt` is the FP8 config; the day-0 fork's loader names do not carry "
-                "over)"
-            )
-        raise PatchkitError(
-            f"{where}: {method!r} does not load a {fmt} {quant_algo} checkpoint in vLLM 0.33; "
-            f"it needs {right!r}{detail}"
-        )
+        raise WrongQuantMethod(where, fmt, quant_algo, method, right)
 
 
 # ---------------------------------------------------------------- names

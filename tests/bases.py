@@ -231,14 +231,14 @@ def make_base(sdist: Path, dest: Path, *, edit: Callable[[str, bytes], bytes] | 
                   "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "TORCH_CUDA_ARCH_LIST=9.0",
                                      *([f"CUDA_VERSION={stand_in.cuda}"] if stand_in.cuda else [])],
                              "Cmd": ["python3"], "Labels": {"base.label": "kept"}},
-                  "rootfs": {"type": "layers", "diff_ids": [l["diff_id"] for l in layers]},
+                  "rootfs": {"type": "layers", "diff_ids": [layer["diff_id"] for layer in layers]},
                   "history": [{"created": "2026-01-01T00:00:00Z", "created_by": f"layer {i}"} for i in range(len(layers))]}
         if variant:
             config["variant"] = variant
         cfg = json.dumps(config).encode()
         manifest = {"schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
                     "config": {"mediaType": DOCKER_CONFIG, "digest": put(cfg), "size": len(cfg)},
-                    "layers": [{k: l[k] for k in ("mediaType", "digest", "size")} for l in layers]}
+                    "layers": [{k: layer[k] for k in ("mediaType", "digest", "size")} for layer in layers]}
         data = json.dumps(manifest).encode()
         manifests["sha256:" + hashlib.sha256(data).hexdigest()] = data
         platform = {"architecture": arch, "os": "linux", **({"variant": variant} if variant else {})}

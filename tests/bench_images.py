@@ -23,12 +23,11 @@ import time
 from pathlib import Path
 
 from engines import PodmanService
-from realistic_base import push_layout, realistic_layout
-from registry import Registry
-
 from patchkit.images.build import build
 from patchkit.images.engine import render_context
 from patchkit.images.local import build_local
+from realistic_base import push_layout, realistic_layout
+from registry import Registry
 
 REVISION = "bench"
 SOURCE = "https://example.invalid/patchkit"
@@ -88,8 +87,8 @@ def run(image: str, scale: float, workdir: Path) -> dict:
     made = realistic_layout(scale)
     layers = made["layers"]
     out = {"scale": scale, "base_layers": len(layers),
-           "base_uncompressed_bytes": sum(l["uncompressed"] for l in layers),
-           "base_compressed_bytes": sum(l["size"] for l in layers)}
+           "base_uncompressed_bytes": sum(layer["uncompressed"] for layer in layers),
+           "base_compressed_bytes": sum(layer["size"] for layer in layers)}
     with Registry(workdir / "registry") as reg:
         ref = push_layout(made, reg.host, "vllm/realistic")
         repo = ref.split(":base@")[0]
@@ -99,7 +98,7 @@ def run(image: str, scale: float, workdir: Path) -> dict:
             seconds, result = timed(lambda: build(image, base=ref, push=[f"{reg.host}/out/{image}"], cache=cache,
                                                   revision=REVISION, source_url=SOURCE))
         n_read, read_bytes = layers_read(result)
-        holders = [i for i, l in enumerate(layers) if "vllm" in l["created_by"] or "flashinfer" in l["created_by"]]
+        holders = [i for i, layer in enumerate(layers) if "vllm" in layer["created_by"] or "flashinfer" in layer["created_by"]]
         out["ci"] = {"seconds": round(seconds, 3), "layers_read": n_read, "layers_read_bytes": read_bytes,
                      "lowest_layer_holding_a_target": min(holders), "peak_disk_bytes": disk.peak,
                      "layers_read_are_those_at_or_above_the_lowest_target_layer":

@@ -26,11 +26,10 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
-
 from packaging.version import Version
-from probes import GlmLayout, glm_layout, patches_under_test
 
 from patchkit.patching.copies import patched_copy
+from probes import GlmLayout, glm_layout, patches_under_test
 
 REPO = Path(__file__).resolve().parents[1]
 # Fuzz depth (tests/hostile.py): a bounded run in `nox -s tests`, a longer one in the daily `nox -s fuzz`.
@@ -76,7 +75,7 @@ def _installed_vllm() -> Path:
         if os.environ.get("PATCHKIT_REQUIRE_VLLM") == "1":
             pytest.fail(message)
         pytest.skip(message)
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 @pytest.fixture(scope="session")

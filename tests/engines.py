@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from realistic_base import push_layout, realistic_layout
 
 SCALE = 0.001   # the realistic base, scaled down: the real vLLM and FlashInfer files, little filler

@@ -19,7 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probes, builders: as for tests/conftest.py
 
-from conftest import *  # its fixtures and hooks, registered through this plugin
+from conftest import *  # noqa: F403  # its fixtures and hooks, registered through this plugin
 from conftest import VllmTree
 
 

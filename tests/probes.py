@@ -116,7 +116,6 @@ def plan_on_drifted_upstream(patch_id: str, old: str, new: str, tmp_path):
     from importlib.metadata import version
 
     from builders import write_package
-
     from patchkit.patching import planner
     from patchkit.patching.copies import installed_package
     from patchkit.sources.directory import DirectorySource

@@ -35,7 +35,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from isal import isal_zlib
-from registry import DOCKER_CONFIG, DOCKER_LAYER, DOCKER_MANIFEST, SITE, VLLM_VERSION, stale_bytecode, vllm_files, vllm_sdist
+
+from registry import (
+    DOCKER_CONFIG,
+    DOCKER_LAYER,
+    DOCKER_MANIFEST,
+    SITE,
+    VLLM_VERSION,
+    stale_bytecode,
+    vllm_files,
+    vllm_sdist,
+)
 
 FLASHINFER_VERSION = "0.7.2.post1"      # vLLM 0.33.0's requirements/cuda.txt pin
 GENERATION = "v2"                       # bump when the shape changes: cached layouts are keyed by it
@@ -240,12 +250,12 @@ def realistic_layout(scale: float = 1.0, dest: Path | None = None) -> dict:
         "architecture": "arm64", "variant": "v8", "os": "linux",
         "config": {"Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "VLLM_USAGE_SOURCE=production-docker-image"],
                    "Entrypoint": ["/usr/local/bin/vllm-entrypoint.sh"]},
-        "rootfs": {"type": "layers", "diff_ids": [l["diff_id"] for l in layers]},
-        "history": [{"created": "2026-01-01T00:00:00Z", "created_by": l["created_by"]} for l in layers],
+        "rootfs": {"type": "layers", "diff_ids": [layer["diff_id"] for layer in layers]},
+        "history": [{"created": "2026-01-01T00:00:00Z", "created_by": layer["created_by"]} for layer in layers],
     }, sort_keys=True).encode()
     manifest = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
                            "config": {"mediaType": DOCKER_CONFIG, **put(config)},
-                           "layers": [{k: l[k] for k in ("mediaType", "digest", "size")} for l in layers]},
+                           "layers": [{k: layer[k] for k in ("mediaType", "digest", "size")} for layer in layers]},
                           sort_keys=True).encode()
     top = put(manifest)
     (dest / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
@@ -278,7 +288,7 @@ if __name__ == "__main__":
     parser.add_argument("--scale", type=float, default=1.0)
     args = parser.parse_args()
     made = realistic_layout(args.scale)
-    total = sum(l["uncompressed"] for l in made["layers"])
-    packed = sum(l["size"] for l in made["layers"])
+    total = sum(layer["uncompressed"] for layer in made["layers"])
+    packed = sum(layer["size"] for layer in made["layers"])
     print(f"{made['layout']}:base  {len(made['layers'])} layers, {total / GB:.2f} GiB uncompressed, "
           f"{packed / MB:.0f} MiB compressed, manifest {made['manifest']}")

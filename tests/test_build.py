@@ -27,7 +27,7 @@ from packaging.version import Version
 import registry as reg_helpers
 from bases import CU130
 from bases import version_py as scm_version_py
-from patchkit.errors import PatchFailed, PatchkitError
+from patchkit.errors import PatchFailed
 from patchkit.images.build import build
 from patchkit.images.definitions import ARCH_ENV, load_image
 from patchkit.images.engine import BYTECODE_STUB, NoEngine, build_with_engine, render_context
@@ -154,12 +154,12 @@ def test_every_image_builds_on_the_pinned_base_stand_in(image_name, pinned, regi
     assert ("flashinfer", "mla/_sparse_mla_sm120.py") in paths
 
     manifest = json.loads(pull_manifest(host, f"pinned-out/{image_name}", result.built.tag)[0])
-    assert [l["digest"] for l in manifest["layers"][:-1]] == pinned["base"]["layers"]
+    assert [layer["digest"] for layer in manifest["layers"][:-1]] == pinned["base"]["layers"]
     ann = manifest["annotations"]
     assert ann["org.opencontainers.image.base.name"] == f"{host}/{PINNED_REPO}:{PINNED_TAG}"
     assert ann["dev.patchkit.series"] == ",".join(carried)
     assert result.built.version.startswith(f"{stand_in.vllm_metadata}-")
-    fs = flatten([pull_blob(host, f"pinned-out/{image_name}", l["digest"]) for l in manifest["layers"]])
+    fs = flatten([pull_blob(host, f"pinned-out/{image_name}", layer["digest"]) for layer in manifest["layers"]])
     for f in prepared.files:
         assert fs[f.path.lstrip("/")][0] == f.data != f.change.old
         if f.path.endswith(".py"):
@@ -189,8 +189,8 @@ def test_every_image_builds_pushes_and_pulls_back(image_name, base, base_ref, re
     # platform, layers, history
     assert (config["os"], config["architecture"]) == ("linux", "arm64")
     assert len(manifest["layers"]) == len(base["layers"]) + 1
-    assert {l["mediaType"] for l in manifest["layers"]} == {OCI_LAYER_GZIP}
-    assert [l["digest"] for l in manifest["layers"][:-1]] == base["layers"]
+    assert {layer["mediaType"] for layer in manifest["layers"]} == {OCI_LAYER_GZIP}
+    assert [layer["digest"] for layer in manifest["layers"][:-1]] == base["layers"]
     assert config["rootfs"]["diff_ids"][-1] == built.layer.diff_id
     assert image_name in config["history"][-1]["created_by"]
 
@@ -219,7 +219,7 @@ def test_every_image_builds_pushes_and_pulls_back(image_name, base, base_ref, re
     assert env["TORCH_CUDA_ARCH_LIST"] == ARCH_ENV["TORCH_CUDA_ARCH_LIST"]
 
     # the container's file system: patched files, compiled; stale bytecode gone; the rest untouched
-    fs = flatten([pull_blob(host, f"out/{image_name}", l["digest"]) for l in manifest["layers"]])
+    fs = flatten([pull_blob(host, f"out/{image_name}", layer["digest"]) for layer in manifest["layers"]])
     changes = built.prepared.plan.changes
     assert changes
     for change in changes:
@@ -359,8 +359,8 @@ def test_rendered_context_is_from_by_digest_without_run_and_passes_hadolint(imag
     result = run_build(image_name, tmp_path, base=base_ref, dry_run=True)
     ctx = render_context(result.built, tmp_path / "ctx")
     dockerfile = (ctx / "Dockerfile").read_text()
-    lines = [l for l in dockerfile.splitlines() if l and not l.startswith((" ", "#"))]
-    assert [l.split()[0] for l in lines] == ["FROM", "COPY", "LABEL", "ENV"]
+    lines = [line for line in dockerfile.splitlines() if line and not line.startswith((" ", "#"))]
+    assert [line.split()[0] for line in lines] == ["FROM", "COPY", "LABEL", "ENV"]
     assert lines[0] == f"FROM {base_ref}"
     for f in result.built.prepared.files:
         assert (ctx / "rootfs" / f.path.lstrip("/")).read_bytes() == f.data
@@ -407,7 +407,7 @@ def podman_service(tmp_path_factory):
     sock = root / "podman.sock"
     env = {**os.environ, "CONTAINERS_REGISTRIES_CONF": str(root / "registries.conf"),
            "CONTAINERS_STORAGE_CONF": str(root / "storage.conf")}
-    log = open(root / "log", "wb")
+    log = open(root / "log", "wb")  # noqa: SIM115  # the service writes it while it runs; closed in the finally
     proc = subprocess.Popen([podman, "system", "service", "--time=0", f"unix://{sock}"], env=env, stdout=log,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
@@ -474,7 +474,7 @@ def test_push_to_another_registry_streams_the_base_without_caching_it(base, base
     with reg_helpers.Registry(tmp_path / "other") as other:
         result = run_build("glm53-flash-nvfp4-redhat", tmp_path, base=base_ref, push=[f"{other.host}/mirror/img:t"])
         manifest = json.loads(pull_manifest(other.host, "mirror/img", "t")[0])
-        assert [l["digest"] for l in manifest["layers"][:-1]] == base["layers"]
+        assert [layer["digest"] for layer in manifest["layers"][:-1]] == base["layers"]
         for layer in manifest["layers"]:
             assert pull_blob(other.host, "mirror/img", layer["digest"]) == (
                 base["blobs"].get(layer["digest"]) or result.built.layer.blob)

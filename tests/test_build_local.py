@@ -16,14 +16,33 @@ from pathlib import Path
 
 import git
 import pytest
-from engines import (client, dockerd_service, engine, engine_client, engine_realistic, engine_service,  # noqa: F401
-                     patched_files, podman, podman_service, realistic)
-from registry import free_port, images_pinned_to, make_base, make_stand_in, pinned_stand_in, push_base, registry_server, vllm_sdist  # noqa: F401
 
+from engines import (  # noqa: F401
+    client,
+    dockerd_service,
+    engine,
+    engine_client,
+    engine_realistic,
+    engine_service,
+    patched_files,
+    podman,
+    podman_service,
+    realistic,
+)
 from patchkit.errors import PatchFailed
 from patchkit.images.build import build
 from patchkit.images.engine import BYTECODE_STUB
 from patchkit.images.labels import build_epoch, git_source_url, public_url
+from registry import (  # noqa: F401
+    free_port,
+    images_pinned_to,
+    make_base,
+    make_stand_in,
+    pinned_stand_in,
+    push_base,
+    registry_server,
+    vllm_sdist,
+)
 
 IMAGE = "glm53-flash-nvfp4-4p67"
 REVISION = "0123456789abcdef0123456789abcdef01234567"

@@ -152,7 +152,7 @@ def test_identity_with_matching_pins_still_validates_structure(tmp_path):
     (root / "config.json").write_bytes(b"{broken")
     (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"t": "../x.safetensors"}}))
     pins = Pins(sha256_bytes(b"{broken"), sha256_bytes((root / "model.safetensors.index.json").read_bytes()))
-    with pytest.raises(PatchkitError, match="config.json: not valid JSON"):
+    with pytest.raises(PatchkitError, match=r"config\.json: not valid JSON"):
         verify_identity(root, pins)
     (root / "config.json").write_text("{}")
     pins = Pins(sha256_bytes(b"{}"), pins.index_sha256)

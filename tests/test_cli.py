@@ -11,6 +11,7 @@ import sys
 import tarfile
 
 import pytest
+
 from builders import image_toml, snapshot, write_package, write_patchset
 from test_engine import MODEL
 
@@ -268,10 +269,9 @@ def test_unexpected_error_is_exit_3_internal_error_with_how_to_report(tree, monk
 # -- options: the folders every command reads, the cache, --json -------------------------------------
 
 
-def test_folders_are_options_of_every_command_that_reads_them(tree, tmp_path):
+def test_folders_are_options_of_every_command_that_reads_them(tmp_path):
     """--patches and --images name the folders on the command line (no PATCHKIT_* environment needed): a
     --series image name is looked up in --images; each command that reads images takes it."""
-    root, patches = tree
     images = tmp_path / "images"
     (images / "a").mkdir(parents=True)
     (images / "a" / "image.toml").write_text(image_toml("a", digest="2" * 64))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, _installed_vllm
 
+from conftest import REPO, _installed_vllm
 from patchkit.patching.copies import STAMP, reuse_or_copy
 from patchkit.patching.patchset import load_patchset
 

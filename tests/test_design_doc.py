@@ -39,8 +39,8 @@ def test_every_documented_name_exists():
 
 
 def test_the_documented_states_are_the_planners():
-    from patchkit.patching.planner import EditState, Mode, State
     from patchkit.patching.patchset import Action
+    from patchkit.patching.planner import EditState, Mode, State
 
     for enum, line in ((State, "A patch's `State` is one of"), (EditState, "an edit's `EditState` one of"),
                        (Mode, "`Mode` is"), (Action, "an edit's `Action` is")):

@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from engines import DockerdService, _running
 from hostile import assert_no_crash, assert_refused, run_patchkit
-from sshd import SshServer
-
 from patchkit.spark.checks import (
     GPU_QUERY,
     check_gpu,
@@ -35,6 +34,7 @@ from patchkit.spark.checks import (
 )
 from patchkit.spark.commands import NOT_FOUND, Output, _bounded
 from patchkit.variants.definitions import find_variant
+from sshd import SshServer
 
 DATA = Path(__file__).parent / "data" / "host"
 IMAGES = Path(__file__).resolve().parents[1] / "images"

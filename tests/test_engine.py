@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from builders import snapshot, write_package, write_patchset
 
+from builders import snapshot, write_package, write_patchset
 from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
 from patchkit.patching.planner import State
@@ -85,7 +85,9 @@ def test_missing_anchor_names_nearest_match_with_line(tmp_path):
     assert e.found == 0 and e.nearest is not None and e.nearest.line == 2
     assert e.nearest.similarity > 0.8
     assert "-    y = x + 1" in e.nearest.diff and "+    y = x + 10" in e.nearest.diff
-    message = str(pytest.raises(Exception, plan.raise_for_errors).value)
+    with pytest.raises(planner.PlanFailed) as failed:
+        plan.raise_for_errors()
+    message = str(failed.value)
     for fragment in ("patch p", "edit 1 (replace)", "vllm/m.py", "expected 1x, found 0x", "line 2"):
         assert fragment in message
     assert snapshot(root) == before

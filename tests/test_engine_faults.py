@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from engines import dockerd_service, engine, engine_client, engine_realistic, engine_service, podman_service  # noqa: F401
 from hostile import assert_refused, run_patchkit
 from registry import registry_server  # noqa: F401

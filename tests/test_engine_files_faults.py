@@ -19,11 +19,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from engines import client, patched_files, podman, podman_service, realistic  # noqa: F401
-from registry import registry_server  # noqa: F401
 
+from engines import client, patched_files, podman, podman_service, realistic  # noqa: F401
 from patchkit.errors import PatchkitError
 from patchkit.images.build import build
+from registry import registry_server  # noqa: F401
 
 IMAGE = "glm53-flash-nvfp4-4p67"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -81,7 +81,7 @@ def remove_containers(client):
 def outcome(fn):
     try:
         return fn()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return exc
 
 
@@ -121,7 +121,7 @@ def test_two_builds_at_once_in_threads_agree_and_leave_a_cache_that_serves_a_thi
     assert third.built.prepared.source.requests == 0 and patched_files(third.built) == reference["files"]
 
 
-BUILD_SCRIPT = textwrap.dedent("""
+BUILD_SCRIPT = textwrap.dedent(f"""
     import json, os, signal, sys
     from pathlib import Path
     from patchkit.images.build import build
@@ -155,11 +155,11 @@ BUILD_SCRIPT = textwrap.dedent("""
         def engine_build(*a, **k):
             die()
         local.engine_build = engine_build
-    result = build("%s", base=ref, load=True, engine_url=url, revision="%s", source_url="%s",
-                   epoch=%d, cache=Path(cache))
-    print(json.dumps({"requests": result.built.prepared.source.requests,
-                      "files": [[f.path, f.data.hex(), f.mode, f.uid, f.gid] for f in result.built.prepared.files]}))
-""" % (IMAGE, REVISION, SOURCE, EPOCH))
+    result = build("{IMAGE}", base=ref, load=True, engine_url=url, revision="{REVISION}", source_url="{SOURCE}",
+                   epoch={EPOCH:d}, cache=Path(cache))
+    print(json.dumps({{"requests": result.built.prepared.source.requests,
+                      "files": [[f.path, f.data.hex(), f.mode, f.uid, f.gid] for f in result.built.prepared.files]}}))
+""")
 
 
 def build_process(cache: Path, ref: str, podman: str, kill_at: str = "never") -> subprocess.Popen:
@@ -174,7 +174,7 @@ def test_two_builds_at_once_in_processes_agree_and_leave_a_cache_that_serves_a_t
     cache = tmp_path / "cache"
     procs = [build_process(cache, reference["ref"], podman) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-2000:]
         done = json.loads(out.strip().splitlines()[-1])
         assert [(f[0], bytes.fromhex(f[1]), f[2], f[3], f[4]) for f in done["files"]] == reference["files"]
@@ -190,7 +190,7 @@ def test_a_build_killed_leaves_a_cache_the_next_build_trusts_correctly(kill_at, 
                                                                        tmp_path):
     cache = tmp_path / "cache"
     proc = build_process(cache, reference["ref"], podman, kill_at)
-    out, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, err[-2000:])
     left = leftover_containers(client)
     print(f"\n{kill_at}: {len(left)} container(s) left behind by the killed build")

@@ -24,10 +24,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from engines import client, podman, podman_service  # noqa: F401
-from registry import flatten, make_base, push_base, registry_server, vllm_sdist  # noqa: F401
-from test_sources import FakeIndex
 
+from engines import client, podman, podman_service  # noqa: F401
 from patchkit.checkpoint.serve import serve_command
 from patchkit.errors import PatchkitError
 from patchkit.images.build import build
@@ -37,6 +35,8 @@ from patchkit.images.extras import DIR_MODE, Scheme, WheelPinMismatch, extra_lay
 from patchkit.patching.patchset import load_patchset
 from patchkit.variants.definitions import find_variant, load_variants
 from patchkit.wheels.verified import BadWheel
+from registry import flatten, make_base, push_base, registry_server, vllm_sdist  # noqa: F401
+from test_sources import FakeIndex
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = "glm53-flash-nvfp4-lab"
@@ -144,7 +144,7 @@ def test_the_layer_holds_what_pip_install_target_writes(lab, wheels, tmp_path):
     assert any(r.startswith("../../bin/wheel,") for r in record(theirs["wheel-0.48.0.dist-info/RECORD"][0]))
     # the launchers' text differs (installer's template, pip's vendored distlib's): both run the same entry point
     unpacked = tmp_path / "layer"
-    for path, (data, file_mode) in {**{SITE + "/" + k: v for k, v in ours.items()}, **our_bin}.items():
+    for path, (data, _mode) in {**{SITE + "/" + k: v for k, v in ours.items()}, **our_bin}.items():
         if data is not None:
             (unpacked / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
             (unpacked / path.lstrip("/")).write_bytes(data)
@@ -162,8 +162,11 @@ def test_pip_install_prefix_records_the_script_where_the_image_does(lab, wheels,
     pip("--prefix", str(prefix), "--no-deps", "--no-compile", "--no-index", "--find-links", str(wheels), "wheel==0.48.0")
     (theirs,) = prefix.glob("lib/python3*/site-packages/wheel-0.48.0.dist-info/RECORD")
     ours = next(f.data for f in installed.files if f.path.endswith("wheel-0.48.0.dist-info/RECORD"))
-    strip = lambda rows: {r.split(",")[0] if r.startswith(("../../../bin/", "wheel-0.48.0.dist-info/INSTALLER,"))
-                          else r for r in rows}
+
+    def strip(rows):
+        return {r.split(",")[0] if r.startswith(("../../../bin/", "wheel-0.48.0.dist-info/INSTALLER,")) else r
+                for r in rows}
+
     assert strip(record(ours)) == strip(record(theirs.read_bytes()))
     assert "../../../bin/wheel" in strip(record(ours))
 
@@ -273,7 +276,7 @@ def test_the_daemonless_layout_carries_the_wheel(lab, base, tmp_path):
         assert fs[path][0] == data and fs[path][1].mode == mode and (fs[path][1].uid, fs[path][1].gid) == (0, 0)
     for folder in ("instanttensor", "instanttensor-0.2.2.dist-info", "instanttensor-0.2.2.dist-info/licenses"):
         assert top[f"{SITE.lstrip('/')}/{folder}"][1].isdir() and top[f"{SITE.lstrip('/')}/{folder}"][1].mode == 0o755
-    assert not [p for p in top if "__pycache__/instanttensor" in p or p.endswith(".pyc") and "instanttensor" in p]
+    assert not [p for p in top if "__pycache__/instanttensor" in p or (p.endswith(".pyc") and "instanttensor" in p)]
 
 
 @pytest.mark.network

@@ -18,22 +18,22 @@ import time
 from pathlib import Path
 
 import pytest
-from hostile import REPO, assert_no_crash, assert_refused, run_patchkit
 from hypothesis import given
 from hypothesis import strategies as st
 
-from patchkit.errors import PatchkitError
-from patchkit.jsondata import MalformedJson
-from patchkit.patching.patchset import load_patch
-from patchkit.tomlschema import InvalidDefinition
-from patchkit.untrusted import limit_of
+from hostile import REPO, assert_no_crash, assert_refused, run_patchkit
 from patchkit.bootlog import causes, markers
 from patchkit.bootlog.judge import judge_log
 from patchkit.checkpoint.headers import DTYPE_BITS, read_header
 from patchkit.checkpoint.identity import sha256_bytes
 from patchkit.checkpoint.shapes import MAX_DIMS
+from patchkit.errors import PatchkitError
+from patchkit.jsondata import MalformedJson
+from patchkit.patching.patchset import load_patch
 from patchkit.smoke.synthetic_config import write_header_set
 from patchkit.smoke.synthetic_layout import LAYOUTS, TINY_DIMS
+from patchkit.tomlschema import InvalidDefinition
+from patchkit.untrusted import limit_of
 from patchkit.variants.definitions import load_variant
 
 LOGS = REPO / "tests" / "data" / "boot-logs"
@@ -186,7 +186,7 @@ def test_a_shape_of_300000_dimensions_is_refused_by_its_bound(tmp_path, unpinned
                                               ("2.5", "expected `int`, got `float`"), ("9" * 5000, "out of range")])
 def test_shape_entries_are_non_negative_ints(tmp_path, value, found):
     path = tmp_path / "bad.safetensors"
-    header = '{"t": {"dtype": "U8", "shape": [%s], "data_offsets": [0, 4]}}' % value
+    header = '{"t": {"dtype": "U8", "shape": [' + value + '], "data_offsets": [0, 4]}}'
     path.write_bytes(struct.pack("<Q", len(header)) + header.encode() + b"\0" * 4)
     with pytest.raises(MalformedJson) as err:
         read_header(path)

@@ -18,15 +18,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from bases import DOCKER_CONFIG, DOCKER_LAYER, DOCKER_LIST, DOCKER_MANIFEST, tar_gz
-
-from hostile import assert_refused, run_patchkit
-from hostile_registry import Answer, HostileRegistry, endless, sha256
 from hypothesis import given
 from hypothesis import strategies as st
-from realistic_base import realistic_layout
-from registry import registry_server  # noqa: F401  (session fixture)
 
+from bases import DOCKER_CONFIG, DOCKER_LAYER, DOCKER_LIST, DOCKER_MANIFEST, tar_gz
+from hostile import assert_refused, run_patchkit
+from hostile_registry import Answer, HostileRegistry, endless, sha256
 from patchkit.errors import PatchkitError
 from patchkit.images.build import build
 from patchkit.jsondata import MalformedJson, load_json_object
@@ -37,6 +34,8 @@ from patchkit.oci.schema import ImageConfig, Index, Manifest, parse
 from patchkit.oci.source import ImageLayersSource, PackageRoot
 from patchkit.oci.verified import BlobMismatch
 from patchkit.untrusted import InputTooLarge, limit_of
+from realistic_base import realistic_layout
+from registry import registry_server  # noqa: F401  (session fixture)
 
 ARM64 = Platform.parse("linux/arm64")
 IMAGE = "glm53-flash-nvfp4"
@@ -177,7 +176,7 @@ def real_base():
     with the RECORD pip writes, so the build reads only the layers from the vLLM install up and leaves
     the OS, CUDA and torch layers below unread."""
     made = realistic_layout(SCALE)
-    return {"layout": Path(made["layout"]), "layers": [l["digest"] for l in made["layers"]]}
+    return {"layout": Path(made["layout"]), "layers": [layer["digest"] for layer in made["layers"]]}
 
 
 def _copy_layout(base: dict, dest: Path) -> Path:

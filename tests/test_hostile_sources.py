@@ -23,19 +23,19 @@ import zlib
 from pathlib import Path
 
 import pytest
-import test_sources
-from hostile import assert_refused, run_patchkit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_sources import VLLM_FILES, sdist_bytes, sha256, wheel_bytes
 
+import test_sources
+from hostile import assert_refused, run_patchkit
 from patchkit.errors import PatchkitError
-from patchkit.sources import FileCache, ArchiveCache, SdistSource, WheelSource, open_source
+from patchkit.sources import ArchiveCache, FileCache, SdistSource, WheelSource, open_source
 from patchkit.sources.archives import UnsafeArchiveError, ZipArchive
 from patchkit.sources.cache import UnsafeFileName
 from patchkit.sources.index import CHUNK, OversizedDownload
 from patchkit.sources.tarscan import TarError, scan
-from patchkit.untrusted import GiB, MiB, InputTooLarge
+from patchkit.untrusted import GiB, InputTooLarge, MiB
+from test_sources import VLLM_FILES, sdist_bytes, sha256
 
 cache, index = test_sources.cache, test_sources.index  # the fixtures, by the names tests ask for
 
@@ -440,7 +440,7 @@ def test_cannot_repoint_a_member_at_another_well_formed_blob(index, cache):
 
 
 def test_cannot_swap_a_blob_or_plant_one_under_a_digest(index, cache):
-    _, key = warm(index, cache)
+    warm(index, cache)
     digest = sha256(VLLM_FILES["config/model.py"])
     blob = cache.files.root / "blobs" / digest[:2] / digest
     blob.write_bytes(EVIL)
@@ -544,7 +544,7 @@ blocks = st.one_of(
 def test_fuzzed_tar_headers_end_in_a_listing_or_a_refusal(tmp_path, parts, end):
     data = b"".join(parts) + (bytes(1024) if end else b"")
     try:
-        for name, kind, body in scan(io.BytesIO(data), lambda n, k, s: s < 1 << 20):
+        for name, kind, _body in scan(io.BytesIO(data), lambda n, k, s: s < 1 << 20):
             assert isinstance(name, str) and kind in ("file", "dir", "link", "other")
     except (TarError, PatchkitError):
         pass

@@ -146,9 +146,8 @@ def series():
 
 
 def refused(path: Path, problem: str, member: str | None = None) -> BadWheel:
-    with pytest.raises(BadWheel) as caught:
-        with open_wheel(path):
-            pass
+    with pytest.raises(BadWheel) as caught, open_wheel(path):
+        pass
     assert caught.value.problem == problem, caught.value
     if member is not None:
         assert caught.value.member == member, caught.value
@@ -372,9 +371,8 @@ def test_a_deflate_bomb_is_refused_before_it_is_inflated(small, tmp_path, monkey
     monkeypatch.setenv("PATCHKIT_LIMIT_INFLATED", str(8 << 20))
     path = small.write(tmp_path, extra=[("vllm/bomb.py", bytes(64 << 20), zipfile.ZIP_DEFLATED)])
     assert path.stat().st_size < 1 << 20
-    with pytest.raises(InputTooLarge) as caught:
-        with open_wheel(path):
-            pass
+    with pytest.raises(InputTooLarge) as caught, open_wheel(path):
+        pass
     assert caught.value.kind == "inflated" and caught.value.size == 64 << 20
 
 
@@ -389,9 +387,8 @@ def test_a_bomb_declaring_a_small_size_is_cut_at_that_size(small, tmp_path):
 def test_a_record_past_the_metadata_limit_is_refused_unread(small, tmp_path, monkeypatch):
     monkeypatch.setenv("PATCHKIT_LIMIT_METADATA", "4096")
     path = small.write(tmp_path, record=record_of(small.members, small.dist_info) + b"#" * 8192 + b"\n")
-    with pytest.raises(InputTooLarge) as caught:
-        with open_wheel(path):
-            pass
+    with pytest.raises(InputTooLarge) as caught, open_wheel(path):
+        pass
     assert caught.value.kind == "metadata"
 
 

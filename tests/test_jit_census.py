@@ -18,8 +18,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hostile import assert_refused, run_patchkit
 
+from hostile import assert_refused, run_patchkit
 from patchkit.verify import jit_census, ptxas
 from patchkit.verify.jit_units import GB10_SMEM_OPTIN, Kernel, Unit
 

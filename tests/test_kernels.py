@@ -12,8 +12,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from hostile import assert_refused, run_patchkit
 
+from hostile import assert_refused, run_patchkit
 from patchkit.verify.kernels import NEEDS, census, fatbin_entries
 from patchkit.wheels.release import release_wheel
 

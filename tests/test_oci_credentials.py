@@ -70,5 +70,5 @@ def test_no_entry_means_anonymous(docker_config):
 
 def test_a_broken_config_is_a_clear_error_naming_it(docker_config):
     (docker_config / "docker" / "config.json").write_text('{"auths": ')
-    with pytest.raises(PatchkitError, match="config.json"):
+    with pytest.raises(PatchkitError, match=r"config\.json"):
         _credentials(HOST)

@@ -69,7 +69,7 @@ def test_new_manifest_is_oci_with_renamed_base_descriptors():
     m = new_manifest(BASE_MANIFEST, config_bytes, LAYER, {"org.opencontainers.image.version": "v"})
     assert m["mediaType"] == OCI_MANIFEST
     assert m["config"] == {"mediaType": OCI_CONFIG, "digest": sha256_digest(config_bytes), "size": len(config_bytes)}
-    assert [l["mediaType"] for l in m["layers"]] == [OCI_LAYER_GZIP, OCI_LAYER_GZIP]
+    assert [layer["mediaType"] for layer in m["layers"]] == [OCI_LAYER_GZIP, OCI_LAYER_GZIP]
     assert m["layers"][0]["digest"] == "sha256:" + "3" * 64 and m["layers"][1] == LAYER.descriptor()
     assert m["annotations"] == {"org.opencontainers.image.version": "v"}
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from patchkit.patching.patchset import load_patchset
 from ran_where import (
     CHECKS,
     END,
@@ -19,8 +21,6 @@ from ran_where import (
     render,
     write_readme,
 )
-
-from patchkit.patching.patchset import load_patchset
 
 PATCHES = [p.id for p in load_patchset(REPO / "patches").series()]
 

@@ -14,8 +14,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from hostile import assert_refused, run_patchkit
 
+from hostile import assert_refused, run_patchkit
 from patchkit.patching import planner
 from patchkit.patching import rebase as rb
 from patchkit.patching.patchset import load_patchset
@@ -113,7 +113,7 @@ def test_rebase_write_on_real_history_is_checked_and_atomic(tmp_path, releases):
 
 def test_a_renamed_variable_inside_a_replaced_anchor_is_merged_three_way(tmp_path):
     """A real 0.33.0 file; the 'new release' renames a name on a line the replace edit keeps."""
-    src = open_source(f"vllm==0.33.0", progress=False)
+    src = open_source("vllm==0.33.0", progress=False)
     old_text = src.read("vllm", "models/glm5next/common/attention.py").decode()
     patches = one_patch(tmp_path / "patches", "nope-mla-pad")
     edit = next(e for e in load_patchset(patches).patch("nope-mla-pad").edits
@@ -141,7 +141,7 @@ def test_a_renamed_variable_inside_a_replaced_anchor_is_merged_three_way(tmp_pat
 
 
 def test_rebase_cli_splits_the_edit_and_grows_the_range(tmp_path):
-    src = open_source(f"vllm==0.33.0", progress=False)
+    src = open_source("vllm==0.33.0", progress=False)
     old_text = src.read("vllm", MODELOPT).decode()
     patches = one_patch(tmp_path / "patches", "modelopt-mtp-namespace")
     (edit,) = load_patchset(patches).patch("modelopt-mtp-namespace").edits
@@ -163,7 +163,7 @@ def test_rebase_cli_splits_the_edit_and_grows_the_range(tmp_path):
 
 
 def test_a_count_is_never_loosened_and_a_changed_assert_is_a_persons_call(tmp_path):
-    src = open_source(f"vllm==0.33.0", progress=False)
+    src = open_source("vllm==0.33.0", progress=False)
     kda = "models/glm5next/common/kda.py"
     old_text = src.read("vllm", kda).decode()
     patches = one_patch(tmp_path / "patches", "kda-fp32-taps")
@@ -186,7 +186,7 @@ def test_a_count_is_never_loosened_and_a_changed_assert_is_a_persons_call(tmp_pa
 
 
 def test_a_missing_test_environment_is_exit_1_not_a_silent_pass(tmp_path):
-    src = open_source(f"vllm==0.33.0", progress=False)
+    src = open_source("vllm==0.33.0", progress=False)
     old_text = src.read("vllm", MODELOPT).decode()
     patches = one_patch(tmp_path / "patches", "modelopt-mtp-namespace")
     (edit,) = load_patchset(patches).patch("modelopt-mtp-namespace").edits

@@ -17,11 +17,10 @@ import time
 
 import pytest
 import requests
+
 from bases import tar_gz
 from faultproxy import FaultProxy, Rule
 from hostile_registry import Answer, HostileRegistry
-from registry import make_base, pull_blob, pull_manifest, push_base, registry_server, vllm_sdist  # noqa: F401
-
 from patchkit.images.assemble import push_image
 from patchkit.images.build import build
 from patchkit.oci.base import open_base
@@ -29,6 +28,7 @@ from patchkit.oci.media import Platform
 from patchkit.oci.progress import Quiet
 from patchkit.oci.registry import RegistryClient
 from patchkit.oci.transport import RegistryError, RetryPolicy
+from registry import make_base, pull_blob, pull_manifest, push_base, registry_server, vllm_sdist  # noqa: F401
 
 pytestmark = pytest.mark.registry
 

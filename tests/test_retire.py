@@ -107,7 +107,7 @@ def test_a_misfiled_or_malformed_record_is_refused(release_033, patches, tmp_pat
     results = Path(shutil.copytree(RESULTS, tmp_path / "results"))
     target = results / "necessity" / "vllm-0.33.0-pool-topk-init.json"
     shutil.copy(results / "necessity" / "vllm-0.33.0-kda-fp32-taps.json", target)
-    with pytest.raises(PatchkitError, match="without \\['kda-fp32-taps'\\], filed as vllm 0.33.0 without \\['pool-topk-init'\\]"):
+    with pytest.raises(PatchkitError, match=r"without \['kda-fp32-taps'\], filed as vllm 0\.33\.0 without \['pool-topk-init'\]"):
         verdict(patches["pool-topk-init"], "0.33.0", release_033, results)
     target.write_text('{"vllm": "0.33.0", "excluded": ["pool-topk-init"], "exitstatus": 1, "tests": {"a": 1}}')
     out = patchkit("retire", "--release", "0.33.0", "--results", results)

@@ -50,7 +50,7 @@ EXPECTED_45 = [
 def test_override_appends_all_spellings_and_keeps_everything_else():
     before = copy.deepcopy(NVIDIA_LIKE)
     over = hf_overrides(NVIDIA_LIKE)
-    assert NVIDIA_LIKE == before, "the input config must not be mutated"
+    assert before == NVIDIA_LIKE, "the input config must not be mutated"
     quant = over["quantization_config"]
     assert quant["ignore"] == ["lm_head", "model.language_model.layers.0.self_attn*", *EXPECTED_45]
     rest = {k: v for k, v in quant.items() if k != "ignore"}
@@ -226,7 +226,7 @@ def test_for_node_adds_multinode_flags():
     assert cmd.for_node(0, 1, "h") == cmd.argv
     head, worker = cmd.for_node(0, 2, "10.0.0.1"), cmd.for_node(1, 2, "10.0.0.1")
     assert head[-6:] == ("--nnodes", "2", "--node-rank", "0", "--master-addr", "10.0.0.1")
-    assert worker[-1] == "--headless" and "1" == worker[worker.index("--node-rank") + 1]
+    assert worker[-1] == "--headless" and worker[worker.index("--node-rank") + 1] == "1"
     with pytest.raises(NodeRankOutOfRange, match=r"node rank 2 outside 0\.\.1") as info:
         cmd.for_node(2, 2, "h")
     assert (info.value.rank, info.value.nnodes) == (2, 2)

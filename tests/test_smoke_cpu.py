@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from patchkit import PINNED_VLLM
-from patchkit.variants.definitions import load_variants
 from patchkit.smoke.cpu import _job, build_checkpoints, smoke_cpu
 from patchkit.smoke.load_check import judge
 from patchkit.smoke.quantprobe import SRC, probe_prefixes, quantprobe
@@ -25,6 +24,7 @@ from patchkit.smoke.synthetic_config import (
     modelopt_config_json,
 )
 from patchkit.smoke.synthetic_layout import LAYOUTS, TINY_DIMS, modules
+from patchkit.variants.definitions import load_variants
 
 IMAGES = Path(__file__).resolve().parents[1] / "images"
 PATCHES = IMAGES.parent / "patches"

@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 
 import pytest
+
 from engines import DockerdService, PodmanService, _running, sdk_client
 from hostile import REPO, assert_refused, run_patchkit
-from sshd import SshServer
-
 from patchkit.smoke.containers import SMOKE_LABEL
+from sshd import SshServer
 
 STANDIN = Path(__file__).parent / "standin_server"
 LOGS = Path(__file__).parent / "data" / "boot-logs"
@@ -118,7 +118,7 @@ def smoke(url: str, image: str, tmp_path: Path, *extra: str, variant: str = VARI
 
 def test_a_good_boot_passes_through_the_real_runner(engine, tmp_path):
     url, client, tags, _ = engine
-    outcome, data, receipt = smoke(url, tags["good"], tmp_path, "--gpus", "auto")
+    outcome, data, _ = smoke(url, tags["good"], tmp_path, "--gpus", "auto")
     assert outcome.code == 0, outcome.output[-3000:]
     assert data["ok"] and data["cause"] is None and data["attempts"] == 1
     assert data["chat"]["content"] == "17 times 3 is 51." and data["chat"]["finish_reason"] == "stop"
@@ -225,7 +225,7 @@ def test_without_receipt_the_evidence_is_kept_anyway(engine, tmp_path):
     outcome = run_patchkit("smoke", VARIANT, "--host", url, "--image", tags["kv-budget"], "--gpus", "none",
                            "--hf-cache", str(hf), "--health-interval", "0.2", timeout=180)
     assert outcome.code == 1, outcome.output[-3000:]
-    [line] = [l for l in outcome.stderr.splitlines() if l.startswith("receipt: ")]
+    [line] = [text for text in outcome.stderr.splitlines() if text.startswith("receipt: ")]
     receipt = Path(line.split()[1].rstrip(";"))
     try:
         assert json.loads(receipt.read_text())["cause"]["cause"] == "kv-budget"

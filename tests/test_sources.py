@@ -23,10 +23,10 @@ from packaging.version import Version
 
 from patchkit.errors import PatchkitError
 from patchkit.sources import (
+    ArchiveCache,
     DirectorySource,
     FileCache,
     GitSource,
-    ArchiveCache,
     SdistSource,
     WheelSource,
     combine_sources,

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from bases import RELEASE, make_stand_in, pinned_stand_in
 from engines import (  # noqa: F401
     client,
@@ -27,10 +28,9 @@ from engines import (  # noqa: F401
     podman_service,
 )
 from hostile import assert_refused, run_patchkit
-from registry import push_base, registry_server  # noqa: F401
-
 from patchkit.images.build import build
 from patchkit.sources.installed_version import VersionsDisagree
+from registry import push_base, registry_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "glm53-flash-nvfp4-4p67"
@@ -210,7 +210,6 @@ def test_load_of_a_cu130_base_finds_its_suffixed_metadata(client, podman, tmp_pa
     the engine and given by its tag: the engine route finds vllm-0.33.0+cu130.dist-info from the image's
     CUDA_VERSION (it cannot list site-packages without moving it) and judges 0.33.0's layout."""
     from bases import CU130
-
     from patchkit.images.load import load_layout
 
     made = make_stand_in(CU130, tmp_path_factory.mktemp("cu130") / "layout")

@@ -11,9 +11,9 @@ import tarfile
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from registry import vllm_sdist
 
 from patchkit.sources.tarscan import TarError, open_gzip, scan
+from registry import vllm_sdist
 
 segment = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x17F, blacklist_characters="/\\"),
                   min_size=1, max_size=60)

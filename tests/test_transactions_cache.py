@@ -14,9 +14,8 @@ import shutil
 import tarfile
 
 import test_sources
-from test_sources import VLLM_FILES, sha256
-
 from patchkit.sources import open_source
+from test_sources import VLLM_FILES, sha256
 
 cache, index = test_sources.cache, test_sources.index  # the fixtures, by the names tests ask for
 

@@ -20,11 +20,11 @@ import sys
 import time
 
 import pytest
-import transactions
-from transactions import leftovers, real_tree, small_series, tree_bytes
 
+import transactions
 from patchkit.patching.journal import JOURNAL_DIR
 from patchkit.patching.tree import open_target
+from transactions import leftovers, real_tree, small_series, tree_bytes
 
 scratch = transactions.scratch  # the fixture, by the name tests ask for
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+
 import transactions
 from transactions import (
     CRASH,

@@ -14,7 +14,9 @@ import stat
 import subprocess
 
 import pytest
+
 import transactions
+from patchkit.patching.journal import COMMIT, INTENT, JOURNAL_DIR, encode_intent, sha256
 from transactions import (
     CRASH,
     cli,
@@ -25,8 +27,6 @@ from transactions import (
     small_series,
     tree_bytes,
 )
-
-from patchkit.patching.journal import COMMIT, INTENT, JOURNAL_DIR, encode_intent, sha256
 
 NOBODY = 65534
 scratch = transactions.scratch  # the fixture, by the name tests ask for

@@ -10,15 +10,15 @@ import sys
 import textwrap
 
 import pytest
-from builders import snapshot, write_package, write_patchset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transactions import Faults
 
+from builders import snapshot, write_package, write_patchset
 from patchkit.patching import planner, tree
 from patchkit.patching.fsops import FilesystemError
 from patchkit.patching.patchset import load_patchset
 from patchkit.sources.directory import DirectorySource
+from transactions import Faults
 
 FILES = {f"mod{i}.py": f"VALUE_{i} = {i}\n\n\ndef f{i}():\n    return VALUE_{i}\n" for i in range(4)}
 
@@ -49,9 +49,8 @@ def test_disk_full_at_any_step_leaves_every_file_old_or_every_file_new(tmp_path,
     before = snapshot(root)
     writes = planned_writes(root, patchset)
     after = patched(root, writes)
-    with Faults(at=fail_at, error=errno.ENOSPC) as faults:
-        with pytest.raises(FilesystemError) as info:
-            tree.write_changes(root, writes)
+    with Faults(at=fail_at, error=errno.ENOSPC) as faults, pytest.raises(FilesystemError) as info:
+        tree.write_changes(root, writes)
     assert info.value.errno == errno.ENOSPC and info.value.reason == "No space left on device (injected)"
     assert faults.count >= fail_at
     tree.recover(root)

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import git
 import pytest
-from builders import ARCH_ENV_ONLY, image_toml, write_patchset
 from click.testing import CliRunner
 from packaging.version import Version
-from test_sources import FakeIndex, free_port, sdist_bytes
 
+from builders import ARCH_ENV_ONLY, image_toml, write_patchset
 from patchkit import PINNED_VLLM
 from patchkit.cli.main import PatchkitGroup
 from patchkit.cli.verify import verify_command
@@ -29,6 +28,7 @@ from patchkit.sources import open_source
 from patchkit.sources.cache import ArchiveCache
 from patchkit.verify.states import CellState
 from patchkit.verify.targets import InvalidVersions, parse_versions
+from test_sources import FakeIndex, free_port, sdist_bytes
 
 REPO = Path(__file__).resolve().parents[1]
 RELEASES = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")

@@ -32,8 +32,8 @@ from patchkit.cli.main import main
 from patchkit.cli.wheel import wheel_group
 from patchkit.patching import planner
 from patchkit.patching.carry import ChangesNothing
-from patchkit.patching.planner import Mode, PlanFailed, State
 from patchkit.patching.patchset import load_patchset
+from patchkit.patching.planner import Mode, PlanFailed, State
 from patchkit.patching.series import series_hash
 from patchkit.sources.wheel import WheelSource
 from patchkit.wheels.build import build_wheel

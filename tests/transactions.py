@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import _installed_vllm as installed_vllm
 
+from conftest import _installed_vllm as installed_vllm
 from patchkit.cli.main import main
 from patchkit.patching import fsops
 from patchkit.patching.journal import JOURNAL_DIR, NEW_SUFFIX

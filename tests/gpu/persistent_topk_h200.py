@@ -24,6 +24,7 @@ timed calls). Exit 1 on any mismatch.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -83,8 +84,8 @@ def run(out: Path) -> int:
                 lengths = torch.full((rows,), length, dtype=torch.int32, device="cuda")
                 output = torch.empty(rows, k, dtype=torch.int32, device="cuda")
                 workspace = torch.zeros(8 << 20, dtype=torch.uint8, device="cuda")
-                ours = _time(lambda: op(logits, lengths, output, workspace, k, length))
-                theirs = _time(lambda: torch.topk(logits, k, dim=1))
+                ours = _time(functools.partial(op, logits, lengths, output, workspace, k, length))
+                theirs = _time(functools.partial(torch.topk, logits, k, dim=1))
                 same = torch.equal(output.sort(dim=1).values.long(), torch.topk(logits, k, dim=1).indices.sort(dim=1).values)
                 failures += not same
                 print(f"k={k} length={length} rows={rows}: {'same indices' if same else 'DIFFERENT indices'}; "

@@ -24,8 +24,9 @@ import shutil
 import sys
 
 import pytest
-from conftest import VllmTree
 from packaging.version import Version
+
+from conftest import VllmTree
 from probes import REPO, patches_under_test, probe_fixtures
 
 pytestmark = pytest.mark.vllm

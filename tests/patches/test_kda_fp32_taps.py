@@ -14,6 +14,7 @@ that built the patched tree must carry the patch and its invariants must hold on
 from __future__ import annotations
 
 import pytest
+
 from probes import CPU_SILU_AND_MUL, guard_in_series, plan_on_drifted_upstream
 
 pytestmark = pytest.mark.vllm

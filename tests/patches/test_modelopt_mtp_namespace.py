@@ -11,13 +11,14 @@ Stand-ins for GPU-only kernel choices: see quant_configs.Glm5NextOnCpu.
 from __future__ import annotations
 
 import pytest
-from probes import probe_fixtures
 from quant_configs import (
     MTP_LAYER,
     lab_quantization_config,
     p4p67_quantization_config,
     probe_prelude,
 )
+
+from probes import probe_fixtures
 
 pytestmark = pytest.mark.vllm
 

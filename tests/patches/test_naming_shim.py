@@ -18,8 +18,9 @@ models/glm5next/common/model.py from 0.31.0; the probe imports it from whichever
 from __future__ import annotations
 
 import pytest
-from probes import plan_on_drifted_upstream, probe_fixtures
 from quant_configs import probe_prelude
+
+from probes import plan_on_drifted_upstream, probe_fixtures
 
 ENV = {"HF_HUB_OFFLINE": "1"}
 

@@ -16,8 +16,18 @@ and its own scale, in the latent (MQA) form the SM120 decode kernel evaluates.
 
 from __future__ import annotations
 
+import ast
+import functools
+import os
+import random
+from typing import TYPE_CHECKING
+
 import pytest
+
 from probes import CPU_SILU_AND_MUL, probe_fixtures
+
+if TYPE_CHECKING:
+    import torch
 
 pytestmark = pytest.mark.vllm
 
@@ -322,10 +332,6 @@ def test_hook_only_pads_sparse_nope_configs(stock, patched):
 # package would build its CUDA JIT modules, so the module's top-level definitions run from its own
 # text (ast); nothing is re-implemented. The tables come from vLLM's own pool expansion
 # (expand_pools_to_tokens + append_tail_to_topk, the torch twins of the Triton kernel GLM decodes with).
-import ast
-import functools
-import os
-import random
 
 FLASHINFER_06 = ("0.6.17", "0.6.18.post1")  # the pinned base's; vLLM 0.30.0's pin
 GLM_HEADS = (8, 16, 32, 64)  # GLM-5.3-Flash's 64 heads at TP 8, 4, 2, 1
@@ -364,8 +370,9 @@ def _flashinfer_06_texts(version: str = FLASHINFER_06[-1]) -> tuple[str, str]:
 
 
 def _flashinfer_module(text: str) -> dict:
-    import torch
     from typing import Optional
+
+    import torch
 
     names = {"_DECODE_MAX_TOKENS", "_DECODE_DSV3_2_DISPATCH", "_DECODE_DSV3_2_PAGE_BLOCK_SIZE",
              "_decode_dsv3_2_dispatchable", "_PATCHKIT_GLM_TOPK_WIDTH", "_PATCHKIT_V32_KERNEL_TOPK",
@@ -373,12 +380,13 @@ def _flashinfer_module(text: str) -> dict:
     return _run_definitions(text, names, {"torch": torch, "Optional": Optional})
 
 
-def _kpool_tables(seq_lens: list[int], generator) -> "torch.Tensor":
+def _kpool_tables(seq_lens: list[int], generator) -> torch.Tensor:
     """GLM decode top-k tables as vLLM builds them: pools chosen, expanded, tail appended, buffer -1."""
     import torch
     import vllm.models.glm5next as glm
 
-    text = open(f"{glm.__path__[0]}/nvidia/ops/kpool_compress.py", encoding="utf-8").read()
+    with open(f"{glm.__path__[0]}/nvidia/ops/kpool_compress.py", encoding="utf-8") as f:
+        text = f.read()
     ops = _run_definitions(text, {"history_group_budget_for_topk", "expand_pools_to_tokens",
                                   "append_tail_to_topk"}, {"torch": torch})
     pools = INDEX_TOPK // KPOOL
@@ -428,7 +436,7 @@ def test_flashinfer_06_fit_keeps_ranked_entries_tail_and_padding():
     tables = _kpool_tables(seq_lens, gen)
     fitted, lengths = fit(tables, None, INDEX_TOPK)
     assert fitted.shape == (len(seq_lens), INDEX_TOPK) and lengths is None
-    for n, row, out in zip(seq_lens, tables.tolist(), fitted.tolist()):
+    for n, row, out in zip(seq_lens, tables.tolist(), fitted.tolist(), strict=True):
         entries = [i for i in row if i >= 0]
         tail = [i for i in row[INDEX_TOPK:] if i >= 0]
         assert tail == list(range(n - n % KPOOL, n))  # the newest tokens, appended by vLLM
@@ -478,6 +486,7 @@ def test_flashinfer_edits_split_by_flashinfer_release(version):
     source gets the allowlist and the fit (edits pending, then applied), a 0.7.x source only the
     runtime-top-k asserts (holding); no 0.7 assert is evaluated on 0.6 nor any 0.6 edit on 0.7."""
     from packaging.version import Version
+
     from patchkit.patching.patchset import load_patchset
     from patchkit.patching.planner import plan
     from patchkit.sources.cache import ArchiveCache

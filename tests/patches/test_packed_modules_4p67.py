@@ -13,8 +13,9 @@ Stand-ins for GPU-only kernel choices: see quant_configs.Glm5NextOnCpu.
 from __future__ import annotations
 
 import pytest
-from probes import probe_fixtures
 from quant_configs import probe_prelude
+
+from probes import probe_fixtures
 
 pytestmark = pytest.mark.vllm
 

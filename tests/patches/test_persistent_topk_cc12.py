@@ -17,7 +17,6 @@ source predates that fallback.
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import shutil
@@ -25,6 +24,7 @@ import sys
 import tarfile
 
 import pytest
+
 from conftest import VllmTree
 from probes import LAYOUT_030, probe_fixtures
 

@@ -14,6 +14,7 @@ instead of whatever the allocator last held.
 from __future__ import annotations
 
 import pytest
+
 from probes import probe_fixtures
 
 pytestmark = pytest.mark.vllm

@@ -18,10 +18,10 @@ import re
 from pathlib import Path
 
 import pytest
-from probes import patches_under_test, probe_fixtures
 from quant_configs import probe_prelude
 
 from patchkit.patching.patchset import load_patchset
+from probes import patches_under_test, probe_fixtures
 
 REPO = Path(__file__).resolve().parents[2]
 ON = {"HF_HUB_OFFLINE": "1", "PATCHKIT_QUANTPROBE": "1"}

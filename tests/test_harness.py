@@ -316,6 +316,9 @@ class Endpoint:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 endpoint.requests.append(body)
                 message = {"role": "assistant", "content": endpoint.content, "reasoning_content": endpoint.reasoning}
+                if body.get("tools"):  # the serving probe's tool call, as vLLM's glm47 tool parser returns one
+                    message = {**message, "content": None, "tool_calls": [{"id": "call_0", "type": "function",
+                               "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]}
                 self._send(200, {"choices": [{"message": message, "finish_reason": endpoint.finish}],
                                  "usage": {"completion_tokens": 12}})
 

@@ -40,6 +40,58 @@ LAYOUT_031 = GlmLayout("0.31", "vllm.models.glm5next.common", "vllm.models.glm5n
 
 
 
+# The start of a GLM parser probe (run inside a vLLM tree): `glm_tokenizer(template)`, a real tokenizer
+# (`tokenizers` byte-level, every byte a token) with GLM's markers as added special tokens, as in GLM's
+# tokenizer.json, and its chat template; `GLM_PARSER`, the parser class vLLM's chat server builds for
+# `--tool-call-parser glm47 --reasoning-parser glm45 --enable-auto-tool-choice`.
+GLM_PROBE_HEAD = r'''
+import json
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.parser import ParserManager
+
+GLM_SPECIAL = ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>", "<|endoftext|>",
+               "<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
+
+def glm_tokenizer(template):
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in GLM_SPECIAL])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", chat_template=template)
+
+GLM_PARSER = ParserManager.get_parser(tool_parser_name="glm47", reasoning_parser_name="glm45", enable_auto_tools=True)
+
+def glm_parse(parser, hf, text, request):
+    """The non-streaming parse, as the chat server calls it: what a client reads."""
+    ids = hf.encode(text, add_special_tokens=False)
+    reasoning, content, calls = parser.parse(text, request, enable_auto_tools=True, model_output_token_ids=ids)
+    return {"reasoning": reasoning, "content": content,
+            "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls or []]}
+
+def glm_stream(parser, hf, text, request, prompt_ids):
+    """The streaming parse, one token per delta with the rendered prompt's ids: what a client assembles."""
+    ids = hf.encode(text, add_special_tokens=False)
+    seen, r, c, tools = "", "", "", {}
+    for i in range(len(ids)):
+        decoded = hf.decode(ids[: i + 1], skip_special_tokens=False)
+        delta = parser.parse_delta(decoded[len(seen):], [ids[i]], request, prompt_token_ids=prompt_ids,
+                                   finished=i == len(ids) - 1)
+        seen = decoded
+        if delta is None:
+            continue
+        r += delta.reasoning or ""
+        c += delta.content or ""
+        for call in delta.tool_calls or []:
+            slot = tools.setdefault(call.index, {"name": "", "arguments": ""})
+            slot["name"] += (call.function.name or "") if call.function else ""
+            slot["arguments"] += (call.function.arguments or "") if call.function else ""
+    return {"reasoning": r or None, "content": c or None, "tool_calls": list(tools.values())}
+'''
+
+
 def patches_under_test():
     """The patch set the behaviour tests run: the checkout's, or the one `patchkit rebase` hands them
     (PATCHKIT_TEST_PATCHES, a rebased copy)."""

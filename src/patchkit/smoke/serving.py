@@ -143,7 +143,8 @@ def _findings(c: ServingCheck) -> list[Finding]:
                            "the reasoning leaked into the answer (vllm issue #54744; patch glm53-always-think)"))
     if c.reasoning_swallowed_answer:
         out.append(Finding("fail", "reasoning split", f"content empty on a 'stop' finish with {c.reasoning_chars} "
-                           "characters of reasoning: the answer was returned as reasoning (sglang issue #37645)"))
+                           "characters of reasoning: the answer was returned as reasoning (sglang issue #37645; patch "
+                           "glm53-skipped-thinking)"))
     elif not c.content_chars and not c.tool_calls and c.finish_reason == "length":
         out.append(Finding("warn", "token budget", "no content: max_tokens ran out while the model reasoned "
                            f"(finish 'length'); the probes send {PROBE_MAX_TOKENS}"))
@@ -155,7 +156,7 @@ def _findings(c: ServingCheck) -> list[Finding]:
                 out.append(Finding("fail", "tool call", f"{call.name}: arguments are not a JSON object"))
             if call.think_tags:
                 out.append(Finding("fail", "tool call", f"{call.name}: {call.think_tags} <think>/</think> tag(s) inside "
-                                   "the arguments (vllm-ascend #16592)"))
+                                   "the arguments (vllm-ascend #16592; patch glm47-tool-args-think-end)"))
     if c.replacement_chars:
         out.append(Finding("fail", "corruption", f"{c.replacement_chars} U+FFFD in the reply"))
     if not any(f.level == "fail" for f in out):

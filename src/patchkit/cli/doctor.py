@@ -1,5 +1,6 @@
 """`patchkit doctor LOG [--variant V] [--json]`: judge a recorded boot log offline; `patchkit doctor --host
-[ssh://HOST]`: check a Spark's prerequisites before the first serve (spark/checks.py).
+[ssh://HOST]`: check a Spark's prerequisites before the first serve (spark/checks.py); `patchkit doctor
+--serving URL`: what a client of a running server sees (the smoke's serving probes, smoke/serving.py).
 
 The same judgement the live smoke makes (patchkit.bootlog.judge): the fatal cause with the line that
 showed it and its fix, the weight and KV markers in every format the base and the releases print, the
@@ -81,6 +82,41 @@ def _render_hosts(reports) -> None:
         console.print(table)
 
 
+def _doctor_serving(url: str, model: str | None, variant, images_dir, as_json) -> None:
+    """The smoke's serving probes against a running server: the reasoning split, tool-call arguments and
+    U+FFFD as a client reads them; each answer read bounded (smoke/api.py)."""
+    from urllib.parse import urlsplit
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    from patchkit.smoke.api import serving_probes
+    from patchkit.variants.definitions import find_variant
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
+        raise PatchkitError(f"--serving {url!r}: give the server's base URL, http(s)://HOST[:PORT] (no path)")
+    if model is None:
+        if not variant:
+            raise PatchkitError("--serving needs the served model name: give --model NAME or --variant V")
+        model = find_variant(variant, images_dir).serve.served_model_name
+    probes = serving_probes(url.rstrip("/"), model)
+    ok = all(p["ok"] for p in probes.values())
+    if as_json:
+        click.echo(json.dumps({"serving": url, "model": model, "ok": ok, "probes": probes}, indent=2))
+        sys.exit(0 if ok else 1)
+    table = Table(title=f"doctor --serving {url} ({model}): {'SPLITS RIGHT' if ok else 'MIS-SPLITS'}",
+                  title_justify="left")
+    for col in ("probe", "level", "what", "detail"):
+        table.add_column(col)
+    colour = {"fail": "red", "warn": "yellow", "ok": "green"}
+    for name, probe in probes.items():
+        for f in probe.get("findings") or [{"level": "fail", "what": "no answer", "detail": probe.get("error", "")}]:
+            table.add_row(name, f"[{colour[f['level']]}]{f['level']}[/]", f["what"], escape(f["detail"]))
+    console.print(table)
+    sys.exit(0 if ok else 1)
+
+
 def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, images_dir, as_json) -> None:
     from patchkit.spark.checks import check_host
     from patchkit.spark.commands import commands_for
@@ -103,6 +139,9 @@ def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, images_dir,
 @click.option("--host", "hosts", multiple=True, is_flag=False, flag_value="local", metavar="[ssh://HOST]",
               help="Check a host's prerequisites for the first serve instead of judging a log: this machine "
               "(--host alone, or `local`) or ssh://[USER@]HOST[:PORT]; repeat for every node.")
+@click.option("--serving", metavar="URL", help="Probe a running server (http://HOST:PORT) instead of judging a log: "
+              "the reasoning split, tool calls and U+FFFD a client sees (the smoke's serving probes).")
+@click.option("--model", help="With --serving: the served model name (default: the --variant's).")
 @click.option("--image", help="With --host: check nvcc and the arch variables in this image (docker run on the host).")
 @click.option("--checkpoint", help="With --host: the checkpoint's path, which must hold its files on every host.")
 @click.option("--kv-cache-dtype", help="With --host: the KV-cache dtype to check (default: the variant's).")
@@ -117,10 +156,17 @@ def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, images_dir,
 @patches_option
 @images_option
 @json_option
-def doctor(log, hosts, image, checkpoint, kv_cache_dtype, variant, quantprobe, booted, patches_dir, images_dir,
+def doctor(log, hosts, serving, model, image, checkpoint, kv_cache_dtype, variant, quantprobe, booted, patches_dir, images_dir,
            as_json):
     """Why did this boot fail (or did it)? Judge a recorded vLLM boot log (LOG, or - for stdin); or, with
-    --host, is this Spark ready for its first serve?"""
+    --host, is this Spark ready for its first serve; or, with --serving, does a running server split
+    reasoning and tool calls right?"""
+    if serving:
+        if log is not None or hosts:
+            raise PatchkitError("give one of LOG, --host or --serving")
+        return _doctor_serving(serving, model, variant, images_dir, as_json)
+    if model:
+        raise PatchkitError("--model goes with --serving")
     if hosts:
         if log is not None:
             raise PatchkitError(f"give a LOG or --host, not both (LOG {log!r})")

@@ -79,20 +79,28 @@ def _post_chat(base_url: str, body: dict, timeout: float) -> tuple[int, bytes, f
     return response.status_code, data, time.monotonic() - start
 
 
+def _answered(base_url: str, body: dict, timeout: float) -> tuple[bytes, float] | dict:
+    """A 200 answer's bytes and seconds; else the failed probe's dict (no answer, or the HTTP status with
+    the first 500 characters the server said)."""
+    posted = _post_chat(base_url, body, timeout)
+    if isinstance(posted, Failed):
+        return {"ok": False, "error": posted.error, "seconds": posted.seconds}
+    status, data, seconds = posted
+    if status != 200:
+        return {"ok": False, "error": f"HTTP {status}: {data.decode('utf-8', 'replace')[:500]}", "seconds": seconds}
+    return data, seconds
+
+
 def serving_probes(base_url: str, model: str, timeout: float = 600) -> dict[str, dict]:
     """Each of smoke/serving.py's PROBES sent once, its answer judged as a client reads it (reasoning split,
     tool-call arguments, U+FFFD): probe name -> the check's dict (`ok`, counts, findings) or the error."""
     out = {}
     for name, request in PROBES.items():
-        posted = _post_chat(base_url, {"model": model, **request}, timeout)
-        if isinstance(posted, Failed):
-            out[name] = {"ok": False, "error": posted.error, "seconds": posted.seconds}
+        answered = _answered(base_url, {"model": model, **request}, timeout)
+        if isinstance(answered, dict):
+            out[name] = answered
             continue
-        status, data, seconds = posted
-        if status != 200:
-            text = data.decode("utf-8", "replace")[:500]
-            out[name] = {"ok": False, "error": f"HTTP {status}: {text}", "seconds": seconds}
-            continue
+        data, seconds = answered
         try:
             check = judge_completion(data, name, f"the {name} probe's answer")
         except PatchkitError as exc:  # not a chat completion: the probe failed, the run goes on
@@ -113,13 +121,11 @@ def chat(base_url: str, model: str, prompt: str, max_tokens: int = MIN_MAX_TOKEN
         "temperature": 0,
         "chat_template_kwargs": {"reasoning_effort": "low"},
     }
-    posted = _post_chat(base_url, body, timeout)
-    if isinstance(posted, Failed):
-        return {"ok": False, "error": posted.error, "seconds": posted.seconds}
-    status, data, seconds = posted
+    answered = _answered(base_url, body, timeout)
+    if isinstance(answered, dict):
+        return answered
+    data, seconds = answered
     text = data.decode("utf-8", "replace")
-    if status != 200:
-        return {"ok": False, "error": f"HTTP {status}: {text[:500]}", "seconds": seconds}
     try:
         answer = json.loads(text)
         choice = answer["choices"][0]

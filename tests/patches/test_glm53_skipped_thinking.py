@@ -1,18 +1,20 @@
 """glm53-skipped-thinking: an answer that skipped thinking and stopped on EOS comes back as content.
 
-The probe runs vLLM's own non-streaming chat serving path, `OpenAIServingChat.chat_completion_full_generator`,
-with the real GLM parser (tests/probes.py GLM_PROBE_HEAD: `--tool-call-parser glm47 --reasoning-parser
-glm45 --enable-auto-tool-choice`, a real byte-level tokenizer with GLM's special tokens, the GLM-5.3-format
-template of tests/data/glm53) on the engine's `RequestOutput` for each case: the completion's text, its
-token ids from that tokenizer, and how it finished. The serving object is built the way vLLM's own
-tests/entrypoints/openai/chat_completion/test_serving_chat.py builds one for the full generator
-(`_build_minimal_metrics_serving_chat`): `__new__` plus the attributes the generator reads, since no
+The probe runs vLLM's own chat serving paths, `OpenAIServingChat.chat_completion_full_generator` and
+`chat_completion_stream_generator`, with the real GLM parser (tests/probes.py GLM_PROBE_HEAD:
+`--tool-call-parser glm47 --reasoning-parser glm45 --enable-auto-tool-choice`, a real byte-level tokenizer
+with GLM's special tokens, the GLM-5.3-format template of tests/data/glm53) on the engine's `RequestOutput`s
+for each case: the completion whole, or one token per output for the stream (read back as a client
+assembles the server-sent chunks), with how it finished. The serving object is built the way vLLM's own
+tests/entrypoints/openai/chat_completion/test_serving_chat.py builds one for its generators
+(`_build_minimal_metrics_serving_chat`): `__new__` plus the attributes the generators read, since no
 engine can run here. The answer with no `</think>` is hand-written (the sglang issue #37645 shape: the
 issue gives counts, not text); the split and tool-call outputs are tests/data/glm53/outputs.json's.
 
-Stock, on every release 0.30.0-0.33.0: the answer comes back as reasoning, content null. Patched: as
-content, reasoning null, finish "stop". A `max_tokens` cut, a client's stop string, a real split, a tool
-call and another parser's output are what stock gives.
+Stock, on every release 0.30.0-0.33.0, streaming and not: the answer comes back as reasoning, content null.
+Patched: as content, finish "stop" (non-streaming with reasoning null; streamed, in the finish chunk after
+the reasoning deltas already sent). A `max_tokens` cut, a client's stop string, a real split, a tool call
+and another parser's output are what stock gives.
 """
 
 from __future__ import annotations
@@ -71,73 +73,117 @@ def serving(parser_cls):
     return s
 
 
-async def complete(case):
+def engine_outputs(case, prompt_ids, streamed):
+    """The engine's RequestOutputs for the case: the whole output at once, or one token per output as a
+    streaming request gets them (the finish on the last)."""
+    ids = hf.encode(case["text"], add_special_tokens=False)
+    stop = case["stop_reason"]
+    stop_reason = hf.convert_tokens_to_ids(stop) if stop in GLM_SPECIAL else stop
+    steps = [(case["text"], ids)] if not streamed else []
+    seen = ""
+    for n in range(len(ids) if streamed else 0):
+        decoded = hf.decode(ids[: n + 1], skip_special_tokens=False)
+        steps.append((decoded[len(seen):], ids[n: n + 1]))
+        seen = decoded
+    for n, (text, token_ids) in enumerate(steps):
+        last = n == len(steps) - 1
+        yield RequestOutput(request_id="r", prompt=None, prompt_token_ids=prompt_ids, prompt_logprobs=None,
+                            outputs=[CompletionOutput(index=0, text=text, token_ids=token_ids, cumulative_logprob=None,
+                                                      logprobs=None, finish_reason=case["finish"] if last else None,
+                                                      stop_reason=stop_reason if last else None)],
+                            finished=last)
+
+
+async def complete(case, streamed):
+    """What a client reads of the chat server's answer: the response, or the stream's chunks assembled."""
     parser_cls = (ParserManager.get_parser(reasoning_parser_name=case["parser"]) if case.get("parser") else GLM_PARSER)
     messages = [{"role": "user", "content": "What is 17 times 23?"}]
     prompt_ids = hf.encode(hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
                            add_special_tokens=False)
-    stop = case["stop_reason"]
-    stop_reason = hf.convert_tokens_to_ids(stop) if stop in GLM_SPECIAL else stop
-    output = CompletionOutput(index=0, text=case["text"], token_ids=hf.encode(case["text"], add_special_tokens=False),
-                              cumulative_logprob=None, logprobs=None, finish_reason=case["finish"],
-                              stop_reason=stop_reason)
-    engine_output = RequestOutput(request_id="r", prompt=None, prompt_token_ids=prompt_ids, prompt_logprobs=None,
-                                  outputs=[output], finished=True)
 
     async def results():
-        yield engine_output
+        for output in engine_outputs(case, prompt_ids, streamed):
+            yield output
 
     request = ChatCompletionRequest(model="glm-5.3", messages=messages, tools=TOOLS if case.get("tools") else None,
-                                    include_reasoning=case.get("include_reasoning", True))
-    response = await serving(parser_cls).chat_completion_full_generator(
-        request, results(), "chatcmpl-r", "glm-5.3", conversation=messages, tokenizer=hf,
-        request_metadata=RequestResponseMetadata(request_id="chatcmpl-r"), parser=parser_cls(hf, request.tools))
-    choice = response.choices[0]
-    return {"reasoning": getattr(choice.message, "reasoning", None), "content": choice.message.content,
-            "tool_calls": [json.loads(c.function.arguments) for c in choice.message.tool_calls or []],
-            "finish": choice.finish_reason}
+                                    include_reasoning=case.get("include_reasoning", True), stream=streamed)
+    args = (request, results(), "chatcmpl-r", "glm-5.3")
+    kwargs = {"conversation": messages, "tokenizer": hf,
+              "request_metadata": RequestResponseMetadata(request_id="chatcmpl-r")}
+    if not streamed:
+        response = await serving(parser_cls).chat_completion_full_generator(*args, **kwargs,
+                                                                             parser=parser_cls(hf, request.tools))
+        choice = response.choices[0]
+        return {"reasoning": getattr(choice.message, "reasoning", None), "content": choice.message.content,
+                "tool_calls": [json.loads(c.function.arguments) for c in choice.message.tool_calls or []],
+                "finish": choice.finish_reason}
+    reasoning, content, calls, finish = "", "", {}, None
+    async for line in serving(parser_cls).chat_completion_stream_generator(*args, **kwargs):
+        payload = line.removeprefix("data: ").strip()
+        if payload == "[DONE]":
+            break
+        for choice in json.loads(payload)["choices"]:
+            delta = choice["delta"]
+            reasoning += delta.get("reasoning") or delta.get("reasoning_content") or ""
+            content += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                calls[call["index"]] = calls.get(call["index"], "") + ((call.get("function") or {}).get("arguments") or "")
+            finish = choice.get("finish_reason") or finish
+    return {"reasoning": reasoning or None, "content": content or None,
+            "tool_calls": [json.loads(a) for a in calls.values()], "finish": finish}
 
-print(json.dumps({name: asyncio.run(complete(case)) for name, case in CASES.items()}))
+print(json.dumps({name: {way: asyncio.run(complete(case, way == "stream")) for way in ("full", "stream")}
+                  for name, case in CASES.items()}))
 '''.replace("__ARGS__", repr(json.dumps([(DATA / "chat_template.jinja").read_text(), CASES, TOOLS])))
 
 stock, patched = probe_fixtures(PROBE)
 
 AS_REASONING = {"reasoning": ANSWER, "content": None, "tool_calls": [], "finish": "stop"}
 AS_CONTENT = {"reasoning": None, "content": ANSWER, "tool_calls": [], "finish": "stop"}
+# Streamed, the reasoning deltas have gone out before the finish: the answer is added as content.
+STREAMED_AS_CONTENT = {**AS_CONTENT, "reasoning": ANSWER}
+SKIPPED = ["eos", "stop-token", "eos-with-tools"]
 
 
-@pytest.mark.parametrize("case", ["eos", "stop-token", "eos-with-tools"])
-def test_stock_files_the_answer_as_reasoning(stock, case):
-    """The bug on every release: HTTP 200, finish stop, the whole answer in reasoning, content null."""
-    assert stock[case] == AS_REASONING
+@pytest.mark.parametrize("way", ["full", "stream"])
+@pytest.mark.parametrize("case", SKIPPED)
+def test_stock_files_the_answer_as_reasoning(stock, case, way):
+    """The bug on every release, streaming and not: HTTP 200, finish stop, the whole answer in reasoning,
+    content null."""
+    assert stock[case][way] == AS_REASONING
 
 
-@pytest.mark.parametrize("case", ["eos", "stop-token", "eos-with-tools"])
+@pytest.mark.parametrize("case", SKIPPED)
 def test_patched_files_the_answer_as_content(patched, case):
-    """The fix: the model itself ended the output with no `</think>`: that text is the answer."""
-    assert patched[case] == AS_CONTENT
+    """The fix: the model itself ended the output with no `</think>`: that text is the answer. Streamed,
+    it arrives as content in the finish chunk, after the reasoning deltas it was first sent as."""
+    assert patched[case]["full"] == AS_CONTENT
+    assert patched[case]["stream"] == STREAMED_AS_CONTENT
 
 
 def test_patched_answers_without_reasoning_requested(stock, patched):
     """`include_reasoning: false`: stock drops the answer with the reasoning (an empty message); patched
-    returns it as content."""
-    assert stock["eos-include-reasoning-false"]["content"] is None
-    assert patched["eos-include-reasoning-false"] == AS_CONTENT
+    returns it as content, streaming and not."""
+    for way in ("full", "stream"):
+        assert stock["eos-include-reasoning-false"][way]["content"] is None, way
+        assert patched["eos-include-reasoning-false"][way]["content"] == ANSWER, way
+    assert patched["eos-include-reasoning-false"]["full"] == AS_CONTENT
 
 
+@pytest.mark.parametrize("way", ["full", "stream"])
 @pytest.mark.parametrize("case", ["max-tokens", "client-stop-string", "split", "empty-answer-after-thinking",
                                   "tool-call", "other-parser"])
-def test_every_other_ending_is_unchanged(stock, patched, case):
+def test_every_other_ending_is_unchanged(stock, patched, case, way):
     """Narrow: a max_tokens cut and a client's stop string are reasoning cut short, a `</think>` means the
     model did split, a tool call is an answer, and another parser is not GLM's: all as stock gives them."""
-    assert patched[case] == stock[case]
+    assert patched[case][way] == stock[case][way]
     if case == "max-tokens":
-        assert patched[case] == {**AS_REASONING, "finish": "length"}
+        assert patched[case][way] == {**AS_REASONING, "finish": "length"}
     if case == "split":
-        assert patched[case] == {"reasoning": SPLIT["reasoning"], "content": SPLIT["content"], "tool_calls": [],
-                                 "finish": "stop"}
+        assert patched[case][way] == {"reasoning": SPLIT["reasoning"], "content": SPLIT["content"],
+                                      "tool_calls": [], "finish": "stop"}
     if case == "tool-call":
-        assert patched[case]["tool_calls"] == [t["arguments"] for t in TOOL_CALL["tool_calls"]]
+        assert patched[case][way]["tool_calls"] == [t["arguments"] for t in TOOL_CALL["tool_calls"]]
 
 
 def test_plan_per_release(vllm_release):

@@ -92,6 +92,47 @@ def glm_stream(parser, hf, text, request, prompt_ids):
 '''
 
 
+# GLM_PROBE_HEAD plus vLLM's chat server: `chat_server(parser_cls)`, an `OpenAIServingChat` built the way
+# vLLM's own tests/entrypoints/openai/chat_completion/test_serving_chat.py builds one for its generators
+# (`_build_minimal_metrics_serving_chat`: `__new__` and the attributes they read; no engine runs here), and
+# `engine_outputs(...)`, the engine's RequestOutputs for a completion: whole, or one token each as a
+# streaming request gets them, the finish on the last.
+GLM_SERVER_PROBE_HEAD = GLM_PROBE_HEAD + r'''
+from unittest.mock import MagicMock
+from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
+from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+from vllm.outputs import CompletionOutput, RequestOutput
+
+def chat_server(parser_cls):
+    s = OpenAIServingChat.__new__(OpenAIServingChat)
+    for name, value in {"response_role": "assistant", "parser_cls": parser_cls, "enable_auto_tools": True,
+                        "_include_reasoning_tokens_details": False, "enable_prompt_tokens_details": False,
+                        "enable_log_outputs": False, "enable_log_deltas": False, "enable_force_include_usage": False,
+                        "request_logger": None, "system_fingerprint": None, "enable_per_request_metrics": False,
+                        "model_config": None, "chat_template": None, "chat_template_content_format": "auto",
+                        "default_chat_template_kwargs": {}, "online_renderer": MagicMock(reasoning_effort_map={})}.items():
+        setattr(s, name, value)
+    return s
+
+def engine_outputs(hf, text, prompt_ids, streamed, finish="stop", stop=None):
+    """`stop`: None (EOS), one of GLM_SPECIAL (a stop token: its id) or a client's stop string."""
+    ids = hf.encode(text, add_special_tokens=False)
+    stop_reason = hf.convert_tokens_to_ids(stop) if stop in GLM_SPECIAL else stop
+    steps, seen = ([(text, ids)] if not streamed else []), ""
+    for n in range(len(ids) if streamed else 0):
+        decoded = hf.decode(ids[: n + 1], skip_special_tokens=False)
+        steps.append((decoded[len(seen):], ids[n: n + 1]))
+        seen = decoded
+    for n, (piece, token_ids) in enumerate(steps):
+        last = n == len(steps) - 1
+        yield RequestOutput(request_id="r", prompt=None, prompt_token_ids=prompt_ids, prompt_logprobs=None,
+                            outputs=[CompletionOutput(index=0, text=piece, token_ids=token_ids, cumulative_logprob=None,
+                                                      logprobs=None, finish_reason=finish if last else None,
+                                                      stop_reason=stop_reason if last else None)],
+                            finished=last)
+'''
+
+
 def patches_under_test():
     """The patch set the behaviour tests run: the checkout's, or the one `patchkit rebase` hands them
     (PATCHKIT_TEST_PATCHES, a rebased copy)."""

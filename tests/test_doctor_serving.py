@@ -21,14 +21,17 @@ from patchkit.cli.main import main
 
 RESPONSES = {r["id"]: r for r in json.loads(
     (Path(__file__).parent / "data" / "serving" / "responses.json").read_text())["responses"]}
+# The streamed probe's answers: what vLLM 0.33.0's own streaming chat server writes (measured here).
+RESPONSES.update({f"{p.stem}.sse": {"sse": p.read_bytes()}
+                  for p in (Path(__file__).parent / "data" / "serving" / "streams").glob("*.sse")})
 GOOD = {"enable-thinking-false": "sglang-39227-ordinary", "reasoning-effort-low": "sglang-39227-ordinary",
-        "tool-call": "tool-call-good"}
+        "tool-call": "tool-call-good", "tool-call-streamed": "tool-call-good.sse"}
 
 
 def _probe_of(body: dict) -> str:
     """Which serving probe a request is (smoke/serving.PROBES), from what it sends."""
     if body.get("tools"):
-        return "tool-call"
+        return "tool-call-streamed" if body.get("stream") else "tool-call"
     return "enable-thinking-false" if "enable_thinking" in (body.get("chat_template_kwargs") or {}) else "reasoning-effort-low"
 
 
@@ -46,9 +49,10 @@ class RecordedServer:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.asked.append(body)
-                data = json.dumps(RESPONSES[answers[_probe_of(body)]]["body"]).encode()
+                answer = RESPONSES[answers[_probe_of(body)]]
+                data = answer["sse"] if "sse" in answer else json.dumps(answer["body"]).encode()
                 self.send_response(200)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "text/event-stream" if "sse" in answer else "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -83,6 +87,7 @@ def test_a_server_that_splits_right_passes():
     ("enable-thinking-false", "vllm-54825-leaked", "glm53-always-think"),
     ("reasoning-effort-low", "sglang-37645-swallowed", "glm53-skipped-thinking"),
     ("tool-call", "tool-call-think-in-arguments", "glm47-tool-args-think-end"),
+    ("tool-call-streamed", "tool-call-think-in-arguments.sse", "glm47-tool-args-think-end"),
 ])
 def test_each_recorded_mis_split_fails_naming_its_patch(probe, answer, names):
     """A server without the patch answers as recorded: exit 1, the finding naming the patch that fixes it."""

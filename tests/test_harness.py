@@ -297,10 +297,10 @@ class Endpoint:
             def log_message(self, *args):
                 pass
 
-            def _send(self, code: int, body: dict | str) -> None:
+            def _send(self, code: int, body: dict | str, kind: str = "application/json") -> None:
                 data = (json.dumps(body) if isinstance(body, dict) else body).encode()
                 self.send_response(code)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", kind)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -319,6 +319,9 @@ class Endpoint:
                 if body.get("tools"):  # the serving probe's tool call, as vLLM's glm47 tool parser returns one
                     message = {**message, "content": None, "tool_calls": [{"id": "call_0", "type": "function",
                                "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]}
+                if body.get("stream"):  # the streamed probe: the same message as one server-sent chunk
+                    chunk = {"choices": [{"index": 0, "delta": message, "finish_reason": endpoint.finish}]}
+                    return self._send(200, f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n", "text/event-stream")
                 self._send(200, {"choices": [{"message": message, "finish_reason": endpoint.finish}],
                                  "usage": {"completion_tokens": 12}})
 

@@ -77,3 +77,53 @@ def test_hostile_body_is_refused_with_its_path(body, at):
     assert err.value.what == "response.json"
     assert err.value.at == at, err.value
     assert err.value.exit_code == 2
+
+
+# ------------------------------------------------------------ streamed answers
+
+STREAMS = Path(__file__).parent / "data" / "serving" / "streams"
+
+
+def test_a_streamed_think_end_in_the_arguments_fails():
+    """vLLM 0.33.0's own stream of a `</think>` inside an argument (recorded, tests/data/serving/README.md):
+    the assembled arguments keep it, the probe fails naming the patch."""
+    check = judge_completion((STREAMS / "tool-call-think-in-arguments.sse").read_bytes(), "tool-call-streamed", "sse")
+    assert [(c.name, c.arguments_json, c.think_tags) for c in check.tool_calls] == [("get_weather", True, 1)]
+    assert not check.ok and "glm47-tool-args-think-end" in " ".join(f.detail for f in check.findings)
+    assert check.reasoning_chars and check.finish_reason == "tool_calls"
+
+
+def test_a_streamed_good_tool_call_passes():
+    check = judge_completion((STREAMS / "tool-call-good.sse").read_bytes(), "tool-call-streamed", "sse")
+    assert check.ok, check.findings
+    assert [(c.name, c.arguments_json, c.think_tags) for c in check.tool_calls] == [("get_weather", True, 0)]
+
+
+def test_the_streamed_probe_is_the_tool_call_streamed():
+    assert PROBES["tool-call-streamed"] == {**PROBES["tool-call"], "stream": True}
+
+
+def _sse(*chunks: object) -> bytes:
+    return b"".join(b"data: " + (c if isinstance(c, bytes) else json.dumps(c).encode()) + b"\n\n" for c in chunks)
+
+
+def test_a_stream_of_reasoning_only_swallowed_the_answer():
+    """The sglang issue #37645 shape, streamed: every delta reasoning, finish stop."""
+    body = _sse({"choices": [{"delta": {"reasoning": "17 times 23"}}]},
+                {"choices": [{"delta": {"reasoning": " is 391."}, "finish_reason": "stop"}]}, {"choices": []}, b"[DONE]")
+    check = judge_completion(body, "tool-call-streamed", "sse")
+    assert check.reasoning_swallowed_answer and not check.ok
+
+
+@pytest.mark.parametrize(("body", "at"), [
+    (b"", "$"),  # no chunk at all
+    (b"data: [DONE]\n\n", "$"),
+    (b"data: not json\n\n", "$"),
+    (b'data: {"choices": [{"delta": {"content": 4}}]}\n\n', "$.choices[0].delta.content"),
+    (b'data: {"choices": [{"delta": {"tool_calls": [{"index": "0"}]}}]}\n\n', "$.choices[0].delta.tool_calls[0].index"),
+])
+def test_hostile_stream_is_refused_with_its_path(body, at):
+    with pytest.raises(MalformedJson) as err:
+        judge_completion(body, "tool-call-streamed", "stream")
+    assert err.value.at == at, err.value
+    assert err.value.exit_code == 2

@@ -126,9 +126,10 @@ def test_a_good_boot_passes_through_the_real_runner(engine, tmp_path):
     assert data["verdict"]["markers"]["kv_cache_tokens"] == 1_164_369
     # The serving probes as a client reads them: a clean split, and a tool call whose arguments parse.
     assert {name: check["ok"] for name, check in data["serving"].items()} == {
-        "enable-thinking-false": True, "reasoning-effort-low": True, "tool-call": True}
+        "enable-thinking-false": True, "reasoning-effort-low": True, "tool-call": True, "tool-call-streamed": True}
     assert data["serving"]["enable-thinking-false"]["think_tags_in_content"] == 0
-    assert data["serving"]["tool-call"]["tool_calls"] == [{"name": "get_weather", "arguments_json": True, "think_tags": 0}]
+    for way in ("tool-call", "tool-call-streamed"):  # whole, and assembled from the stand-in's server-sent chunks
+        assert data["serving"][way]["tool_calls"] == [{"name": "get_weather", "arguments_json": True, "think_tags": 0}]
     [node] = data["containers"]
     # No nvidia runtime on this engine: auto asks for no GPU. Still running when judged (then removed).
     assert node == {"host": url, "name": f"patchkit-smoke-{VARIANT}-0", "gpus": "none", "exit_code": None}
@@ -144,9 +145,9 @@ def test_a_good_boot_passes_through_the_real_runner(engine, tmp_path):
     assert "standin: env: PATCHKIT_QUANTPROBE=1" in log  # the image carries the quantprobe patch
     recorded = (LOGS / "lab-good.log").read_text()
     assert recorded in log.replace('INFO:     127.0.0.1:0 - "GET /health HTTP/1.1" 200 OK\n', "")
-    # The chat, three corruption-probe runs and three serving probes; the last one's line may still be in the
+    # The chat, three corruption-probe runs and four serving probes; the last one's line may still be in the
     # engine's log pipe when the log is read right after its answer (dockerd lost that race once in 20 runs).
-    assert log.count('"POST /v1/chat/completions HTTP/1.1" 200 OK') in (6, 7)
+    assert log.count('"POST /v1/chat/completions HTTP/1.1" 200 OK') in (7, 8)
     assert ours(client) == []  # stopped and removed
 
 
@@ -193,13 +194,15 @@ def test_a_corrupt_reply_fails_the_probe(engine, tmp_path):
 
 def test_a_leaked_reasoning_split_fails_the_serving_probes(engine, tmp_path):
     """The answer sglang PR #39227 recorded from GLM-5.3 behind a parser without always-think: the scratchpad
-    and `</think>` in content. The boot and the chat are fine; the receipt fails on what a client would see."""
+    and `</think>` in content; and the tool call streamed with the `</think>` stock vLLM's streaming glm47
+    parser keeps in the arguments. The boot and the chat are fine; the receipt fails on what a client sees."""
     url, client, tags, _ = engine
     outcome, data, _ = smoke(url, tags["leak"], tmp_path, "--gpus", "none")
     assert outcome.code == 1 and data["chat"]["ok"] and data["probe"]["ok"]
     failed = {f["what"]: f["detail"] for f in data["findings"] if f["level"] == "fail"}
-    assert set(failed) == {"serving enable-thinking-false", "serving reasoning-effort-low"}
+    assert set(failed) == {"serving enable-thinking-false", "serving reasoning-effort-low", "serving tool-call-streamed"}
     assert "1 <think>/</think> tag(s) in content" in failed["serving enable-thinking-false"]
+    assert "patch glm47-tool-args-think-end" in failed["serving tool-call-streamed"]
     assert data["serving"]["tool-call"]["ok"]
     assert ours(client) == []
 

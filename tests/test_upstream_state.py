@@ -40,7 +40,8 @@ def test_every_tracked_entry_has_a_recorded_answer_and_nothing_else_is_recorded(
     recorded = {str(p.relative_to(ANSWERS)) for p in ANSWERS.rglob("*.json")}
     assert wanted == recorded
     assert {p.id for p in patches if p.tracked} == {"nope-mla-pad", "persistent-topk-cc12", "pool-topk-init",
-                                                    "glm53-always-think"}
+                                                    "glm53-always-think", "glm53-skipped-thinking",
+                                                    "glm47-tool-args-think-end"}
     nope = load_patchset(REPO / "patches").patch("nope-mla-pad")
     assert {t.number for t in nope.tracked if t.kind == "pr"} == {53969, 55277, 55778}
 
@@ -54,6 +55,8 @@ def test_states_as_the_answers_give_them():
         ("persistent-topk-cc12", 54110): "merged", ("pool-topk-init", 55201): "closed",
         ("glm53-always-think", 56994): "open", ("glm53-always-think", 54744): "open",
         ("glm53-always-think", 54276): "open",
+        ("glm53-skipped-thinking", 37645): "open", ("glm53-skipped-thinking", 37644): "open",
+        ("glm47-tool-args-think-end", 7856): "open",
     }
     merged = states[("persistent-topk-cc12", 54110)]
     # the API names no release; the patch's own record (merged-in-0.30.0 for this very PR) does

@@ -23,7 +23,7 @@ import json
 
 import pytest
 
-from probes import GLM_PROBE_HEAD, REPO, patches_under_test, probe_fixtures
+from probes import GLM_SERVER_PROBE_HEAD, REPO, patches_under_test, probe_fixtures
 
 pytestmark = pytest.mark.vllm
 
@@ -49,49 +49,11 @@ CASES = {
     "other-parser": {"text": ANSWER, "finish": "stop", "stop_reason": None, "parser": "deepseek_r1"},
 }
 
-PROBE = GLM_PROBE_HEAD + r'''
+PROBE = GLM_SERVER_PROBE_HEAD + r'''
 import asyncio
-from unittest.mock import MagicMock
-from vllm.entrypoints.generate.base.protocol import RequestResponseMetadata
-from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
-from vllm.outputs import CompletionOutput, RequestOutput
 
 TEMPLATE, CASES, TOOLS = json.loads(__ARGS__)
 hf = glm_tokenizer(TEMPLATE)
-
-
-def serving(parser_cls):
-    """vLLM's own test construction of the chat server for its full generator (no engine runs here)."""
-    s = OpenAIServingChat.__new__(OpenAIServingChat)
-    for name, value in {"response_role": "assistant", "parser_cls": parser_cls, "enable_auto_tools": True,
-                        "_include_reasoning_tokens_details": False, "enable_prompt_tokens_details": False,
-                        "enable_log_outputs": False, "enable_log_deltas": False, "enable_force_include_usage": False,
-                        "request_logger": None, "system_fingerprint": None, "enable_per_request_metrics": False,
-                        "model_config": None, "chat_template": None, "chat_template_content_format": "auto",
-                        "default_chat_template_kwargs": {}, "online_renderer": MagicMock(reasoning_effort_map={})}.items():
-        setattr(s, name, value)
-    return s
-
-
-def engine_outputs(case, prompt_ids, streamed):
-    """The engine's RequestOutputs for the case: the whole output at once, or one token per output as a
-    streaming request gets them (the finish on the last)."""
-    ids = hf.encode(case["text"], add_special_tokens=False)
-    stop = case["stop_reason"]
-    stop_reason = hf.convert_tokens_to_ids(stop) if stop in GLM_SPECIAL else stop
-    steps = [(case["text"], ids)] if not streamed else []
-    seen = ""
-    for n in range(len(ids) if streamed else 0):
-        decoded = hf.decode(ids[: n + 1], skip_special_tokens=False)
-        steps.append((decoded[len(seen):], ids[n: n + 1]))
-        seen = decoded
-    for n, (text, token_ids) in enumerate(steps):
-        last = n == len(steps) - 1
-        yield RequestOutput(request_id="r", prompt=None, prompt_token_ids=prompt_ids, prompt_logprobs=None,
-                            outputs=[CompletionOutput(index=0, text=text, token_ids=token_ids, cumulative_logprob=None,
-                                                      logprobs=None, finish_reason=case["finish"] if last else None,
-                                                      stop_reason=stop_reason if last else None)],
-                            finished=last)
 
 
 async def complete(case, streamed):
@@ -102,7 +64,7 @@ async def complete(case, streamed):
                            add_special_tokens=False)
 
     async def results():
-        for output in engine_outputs(case, prompt_ids, streamed):
+        for output in engine_outputs(hf, case["text"], prompt_ids, streamed, case["finish"], case["stop_reason"]):
             yield output
 
     request = ChatCompletionRequest(model="glm-5.3", messages=messages, tools=TOOLS if case.get("tools") else None,
@@ -111,14 +73,14 @@ async def complete(case, streamed):
     kwargs = {"conversation": messages, "tokenizer": hf,
               "request_metadata": RequestResponseMetadata(request_id="chatcmpl-r")}
     if not streamed:
-        response = await serving(parser_cls).chat_completion_full_generator(*args, **kwargs,
+        response = await chat_server(parser_cls).chat_completion_full_generator(*args, **kwargs,
                                                                              parser=parser_cls(hf, request.tools))
         choice = response.choices[0]
         return {"reasoning": getattr(choice.message, "reasoning", None), "content": choice.message.content,
                 "tool_calls": [json.loads(c.function.arguments) for c in choice.message.tool_calls or []],
                 "finish": choice.finish_reason}
     reasoning, content, calls, finish = "", "", {}, None
-    async for line in serving(parser_cls).chat_completion_stream_generator(*args, **kwargs):
+    async for line in chat_server(parser_cls).chat_completion_stream_generator(*args, **kwargs):
         payload = line.removeprefix("data: ").strip()
         if payload == "[DONE]":
             break

@@ -2,15 +2,16 @@
 
 An engine that boots and answers 200 can still hand clients a bad split of GLM-5.3's output. The
 serving probes (`PROBES`: a request with `enable_thinking: false`, one with `reasoning_effort: low` and
-`max_tokens` 256, one tool call for the `glm47` tool parser) are the requests that show each known
-mis-split; `judge_completion` reads the response body of each and records, per probe, what the
+`max_tokens` 256, one tool call for the `glm47` tool parser, sent once whole and once streamed) are
+the requests that show each known mis-split; `judge_completion` reads the response body of each and records, per probe, what the
 receipt keeps: `<think>`/`</think>` in `content` (vllm issue #54744), reasoning that swallowed the
 answer (content empty on a `stop` finish, sglang issue #37645), tool arguments that are not a JSON
 object or carry `</think>` (vllm-ascend #16592), and the U+FFFD count. A reply cut at `max_tokens`
 with no content is a spent budget, not a mis-split: a warning.
 
 Pure: no I/O. The body is outside input, decoded against a msgspec schema of the fields judged (a wrong
-shape is `MalformedJson`, exit 2, with the JSON path); the caller reads it bounded.
+shape is `MalformedJson`, exit 2, with the JSON path; a streamed one chunk by chunk, assembled as a
+client assembles it); the caller reads it bounded.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Annotated
 import msgspec
 
 from patchkit.bootlog.judge import Finding
-from patchkit.jsondata import decode
+from patchkit.jsondata import MalformedJson, decode
 
 THINK_TAGS = ("<think>", "</think>")
 REPLACEMENT = "\ufffd"
@@ -46,6 +47,9 @@ PROBES = {
     "tool-call": _body("What is the weather in Paris right now? Use the tool.", 512,
                        tools=[TOOL], tool_choice="auto", chat_template_kwargs={"reasoning_effort": "low"}),
 }
+# The tool call streamed: the streaming parser gives arguments of its own (a `</think>` kept inside them,
+# patch glm47-tool-args-think-end), judged on the chunks assembled as a client assembles them.
+PROBES["tool-call-streamed"] = {**PROBES["tool-call"], "stream": True}
 
 
 class _Function(msgspec.Struct):
@@ -71,6 +75,66 @@ class _Choice(msgspec.Struct):
 
 class _Completion(msgspec.Struct):
     choices: Annotated[list[_Choice], msgspec.Meta(min_length=1)]
+
+
+class _DeltaFunction(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _DeltaToolCall(msgspec.Struct):
+    index: int = 0
+    function: _DeltaFunction | None = None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[_DeltaToolCall] = []
+
+
+class _ChunkChoice(msgspec.Struct):
+    delta: _Delta
+    index: int = 0
+    finish_reason: str | None = None
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_ChunkChoice] = []  # the usage chunk has none
+
+
+def _assembled(body: bytes, what: str) -> _Completion:
+    """A streamed answer (server-sent events: `data: <chunk>` lines, then `data: [DONE]`) as the one
+    completion a client assembles from the first choice's deltas. Each chunk is decoded against the
+    schema (a wrong shape is `MalformedJson` naming the event line); a stream with no chunk is one too."""
+    content, reasoning, finish = "", "", None
+    calls: dict[int, _Function] = {}
+    chunks = 0
+    for n, line in enumerate(body.splitlines(), 1):
+        if not line.startswith(b"data:"):
+            continue  # blank separators, comments, `event:`/`id:` fields
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            break
+        chunks += 1
+        for choice in decode(payload, _Chunk, f"{what}, event line {n}").choices:
+            if choice.index != 0:
+                continue
+            delta = choice.delta
+            content += delta.content or ""
+            reasoning += delta.reasoning_content or delta.reasoning or ""
+            for call in delta.tool_calls:
+                slot = calls.setdefault(call.index, _Function())
+                if call.function is not None:
+                    slot.name += call.function.name or ""
+                    slot.arguments += call.function.arguments or ""
+            finish = choice.finish_reason or finish
+    if not chunks:
+        raise MalformedJson(what, "a stream with no `data:` chunk before `data: [DONE]`")
+    message = _Message(content=content or None, reasoning=reasoning or None,
+                       tool_calls=[_ToolCall(function=f) for _, f in sorted(calls.items())])
+    return _Completion(choices=[_Choice(message=message, finish_reason=finish)])
 
 
 @dataclass(frozen=True)
@@ -115,7 +179,8 @@ def judge_completion(body: bytes, probe: str, what: str) -> ServingCheck:
     """The first choice of a chat completion response `body` (bytes named `what`), judged for `probe`."""
     if probe not in PROBES:
         raise ValueError(f"unknown serving probe {probe!r}")  # a caller's bug, never outside input
-    choice = decode(body, _Completion, what).choices[0]
+    streamed = bool(PROBES[probe].get("stream"))
+    choice = (_assembled(body, what) if streamed else decode(body, _Completion, what)).choices[0]
     message = choice.message
     content = message.content or ""
     reasoning = message.reasoning_content or message.reasoning or ""
@@ -148,7 +213,7 @@ def _findings(c: ServingCheck) -> list[Finding]:
     elif not c.content_chars and not c.tool_calls and c.finish_reason == "length":
         out.append(Finding("warn", "token budget", "no content: max_tokens ran out while the model reasoned "
                            f"(finish 'length'); the probes send {PROBE_MAX_TOKENS}"))
-    if c.probe == "tool-call":
+    if c.probe.startswith("tool-call"):
         if not c.tool_calls:
             out.append(Finding("fail", "tool call", f"no tool call in the answer (finish {c.finish_reason!r})"))
         for call in c.tool_calls:

@@ -23,6 +23,8 @@ import click
 from patchkit.cli.common import console, images_option, json_option, patches_option
 from patchkit.errors import PatchkitError
 
+LEVEL_COLOUR = {"fail": "red", "warn": "yellow", "ok": "green"}  # a finding's level, as every table shows it
+
 
 def _read(log: str) -> Iterator[tuple[str, bool]]:
     """The log's lines, streamed (never read whole): a regular file within the boot-log limit, or stdin;
@@ -54,9 +56,8 @@ def _render(verdict, variant_name: str | None) -> None:
     table = Table(title=title, title_justify="left")
     for col in ("level", "what", "detail"):
         table.add_column(col)
-    colour = {"fail": "red", "warn": "yellow", "ok": "green"}
     for f in verdict.findings:
-        table.add_row(f"[{colour[f.level]}]{f.level}[/]", f.what, escape(f.detail))
+        table.add_row(f"[{LEVEL_COLOUR[f.level]}]{f.level}[/]", f.what, escape(f.detail))
     console.print(table)
     if verdict.cause:
         c = verdict.cause
@@ -72,13 +73,12 @@ def _render_hosts(reports) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    colour = {"fail": "red", "warn": "yellow", "ok": "green"}
     for report in reports:
         table = Table(title=f"doctor --host {report.host}: {'READY' if report.ok else 'NOT READY'}", title_justify="left")
         for col in ("level", "check", "found", "fix"):
             table.add_column(col)
         for c in report.checks:
-            table.add_row(f"[{colour[c.level]}]{c.level}[/]", c.name, escape(c.found), escape(c.fix))
+            table.add_row(f"[{LEVEL_COLOUR[c.level]}]{c.level}[/]", c.name, escape(c.found), escape(c.fix))
         console.print(table)
 
 
@@ -109,10 +109,9 @@ def _doctor_serving(url: str, model: str | None, variant, images_dir, as_json) -
                   title_justify="left")
     for col in ("probe", "level", "what", "detail"):
         table.add_column(col)
-    colour = {"fail": "red", "warn": "yellow", "ok": "green"}
     for name, probe in probes.items():
         for f in probe.get("findings") or [{"level": "fail", "what": "no answer", "detail": probe.get("error", "")}]:
-            table.add_row(name, f"[{colour[f['level']]}]{f['level']}[/]", f["what"], escape(f["detail"]))
+            table.add_row(name, f"[{LEVEL_COLOUR[f['level']]}]{f['level']}[/]", f["what"], escape(f["detail"]))
     console.print(table)
     sys.exit(0 if ok else 1)
 

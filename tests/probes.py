@@ -71,14 +71,16 @@ def glm_parse(parser, hf, text, request):
     return {"reasoning": reasoning, "content": content,
             "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls or []]}
 
-def glm_stream(parser, hf, text, request, prompt_ids):
-    """The streaming parse, one token per delta with the rendered prompt's ids: what a client assembles."""
+def glm_stream(parser, hf, text, request, prompt_ids, chunk=1):
+    """The streaming parse, `chunk` tokens per delta (several when MTP accepts draft tokens) with the
+    rendered prompt's ids: what a client assembles."""
     ids = hf.encode(text, add_special_tokens=False)
     seen, r, c, tools = "", "", "", {}
-    for i in range(len(ids)):
-        decoded = hf.decode(ids[: i + 1], skip_special_tokens=False)
-        delta = parser.parse_delta(decoded[len(seen):], [ids[i]], request, prompt_token_ids=prompt_ids,
-                                   finished=i == len(ids) - 1)
+    for start in range(0, len(ids), chunk):
+        end = min(start + chunk, len(ids))
+        decoded = hf.decode(ids[:end], skip_special_tokens=False)
+        delta = parser.parse_delta(decoded[len(seen):], ids[start:end], request, prompt_token_ids=prompt_ids,
+                                   finished=end == len(ids))
         seen = decoded
         if delta is None:
             continue

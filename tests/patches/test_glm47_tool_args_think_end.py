@@ -37,8 +37,12 @@ messages = [{"role": "user", "content": "What is the weather in Paris?"}]
 prompt_ids = hf.encode(hf.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, tokenize=False),
                        add_special_tokens=False)
 request = ChatCompletionRequest(model="glm-5.3", messages=messages, tools=TOOLS)
+# A request without tools: the engine skips tool parsing, and its tool terminals are then passed on as text.
+plain = ChatCompletionRequest(model="glm-5.3", messages=messages)
 print(json.dumps({o["id"]: {"parse": glm_parse(GLM_PARSER(hf, request.tools), hf, o["text"], request),
-                            "stream": glm_stream(GLM_PARSER(hf, request.tools), hf, o["text"], request, prompt_ids)}
+                            "stream": glm_stream(GLM_PARSER(hf, request.tools), hf, o["text"], request, prompt_ids),
+                            **{f"stream-without-tools-{n}": glm_stream(GLM_PARSER(hf, None), hf, o["text"], plain,
+                                                                       prompt_ids, chunk=n) for n in (1, 3, 1000)}}
                   for o in OUTPUTS}))
 '''.replace("__ARGS__", repr(json.dumps([(DATA / "chat_template.jinja").read_text(), IN_ARGUMENTS + ORDINARY, TOOLS])))
 
@@ -87,3 +91,16 @@ def test_plan_per_release(vllm_release):
     result = planner.plan([patches_under_test().patch(PATCH_ID)],
                           DirectorySource(installed_package("vllm").parent)).result(PATCH_ID)
     assert result.state == planner.State.NOT_APPLIED, (vllm_release, result.describe())
+
+
+@pytest.mark.parametrize("output", [o for o in ORDINARY if not o.get("tool_calls")],
+                         ids=[o["id"] for o in ORDINARY if not o.get("tool_calls")])
+def test_reasoning_end_is_no_content_without_tools(stock, patched, output):
+    """Narrow, where vLLM's own tests caught the patch's first form (issue 30): a streamed request without
+    tools keeps the reasoning's `</think>` out of the content, as on stock (a (TOOL_ARGS, THINK_END)
+    transition made `</think>` a tool terminal, which the engine passes on as text when it skips tools, in a
+    delta of several tokens: 1, 3 and the whole completion at once)."""
+    for tree in (stock, patched):
+        for n in (1, 3, 1000):
+            case = tree[output["id"]][f"stream-without-tools-{n}"]
+            assert (case["reasoning"], case["content"]) == (output["reasoning"], output["content"]), n

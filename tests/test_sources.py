@@ -146,10 +146,12 @@ def vllm_repo(tmp_path: Path) -> git.Repo:
 
 class FakeIndex:
     """Simple API project pages (PEP 691 JSON; PEP 503 HTML when `content_type` is text/html) + files,
-    with faults: "truncate" (close mid-body), "http500", "no-length" (no Content-Length, the body then a close)."""
+    with faults: "truncate" (close mid-body), "http500", "no-length" (no Content-Length, the body then a close).
+    `recorded` project pages (a real index's answer, tests/data/index/) are served as they are."""
 
     def __init__(self) -> None:
         self.projects: dict[str, list[dict]] = {}
+        self.recorded: dict[str, bytes] = {}
         self.bodies: dict[str, bytes] = {}
         self.faults: dict[str, str] = {}
         self.requests: list[str] = []
@@ -160,6 +162,8 @@ class FakeIndex:
             def do_GET(self) -> None:
                 index.requests.append(self.path)
                 parts = self.path.strip("/").split("/")
+                if parts[0] == "simple" and len(parts) == 2 and parts[1] in index.recorded:
+                    return self.reply(index.recorded[parts[1]], "application/vnd.pypi.simple.v1+json")
                 if parts[0] == "simple" and len(parts) == 2 and parts[1] in index.projects:
                     files = index.projects[parts[1]]
                     if index.content_type == "text/html":

@@ -60,10 +60,13 @@ def list_cmd(patches_dir, series, as_json):
 
 @contextlib.contextmanager
 def _open(specs: tuple[str, ...]):
-    """The sources, combined; a directory among them is read under its lock (it may be a target being
-    written) and refused while an interrupted run's journal is in it."""
+    """(the sources combined, their Companion or None); a directory among them is read under its lock (it
+    may be a target being written) and refused while an interrupted run's journal is in it. A vLLM release
+    given without FlashInfer is checked with the FlashInfer it pins, or what `sources.companion`'s policy
+    checks instead (as `verify` does); a FlashInfer among the sources is checked as given."""
     from patchkit.patching.tree import read_locked
     from patchkit.sources import combine_sources, open_source
+    from patchkit.sources.companion import with_companion
 
     if not specs:
         raise PatchkitError("give at least one --source")
@@ -71,8 +74,8 @@ def _open(specs: tuple[str, ...]):
         for spec in specs:
             if Path(spec).expanduser().is_dir():
                 locks.enter_context(read_locked(Path(spec).expanduser()))
-        sources = [open_source(s) for s in specs]
-        yield sources[0] if len(sources) == 1 else combine_sources(sources)
+        sources, companion = with_companion([open_source(s) for s in specs], progress=err_console.is_terminal)
+        yield combine_sources(sources), companion
 
 
 source_option = click.option(
@@ -90,12 +93,21 @@ source_option = click.option(
 def check(sources, patches_dir, series, assumed, as_json):
     """Does the series apply to SRC? Every anchor asserted; nothing written."""
     _, patches = load_series(patches_dir, series)
-    with _open(sources) as source:
+    with _open(sources) as (source, companion):
         plan = planner.plan(patches, source, versions=parse_assumed(assumed))
+    _report_companion(companion)
     refuse_if_out_of_every_range(plan)
     labels = {planner.State.NOT_APPLIED: "applies"}
-    emit(as_json, report.plan_to_dict(plan), report.plan_table(plan, labels=labels))
+    emit(as_json, report.plan_to_dict(plan) | {"companion": companion.to_dict() if companion else None},
+         report.plan_table(plan, labels=labels))
     sys.exit(0 if plan.ok else 1)
+
+
+def _report_companion(companion) -> None:
+    """The release's companion finding on stderr (a FlashInfer pin the index never published, and what was
+    checked instead), before anything that may stop the command; stdout keeps the report or the diff."""
+    if companion is not None and companion.finding:
+        err_console.print(f"{companion.finding}", style="yellow", markup=False, highlight=False, soft_wrap=True)
 
 
 @click.command()
@@ -106,8 +118,9 @@ def check(sources, patches_dir, series, assumed, as_json):
 def diff(sources, patches_dir, series, assumed):
     """The unified diff of the series against SRC, for review or an upstream pull request."""
     _, patches = load_series(patches_dir, series)
-    with _open(sources) as source:
+    with _open(sources) as (source, companion):
         plan = planner.plan(patches, source, versions=parse_assumed(assumed))
+    _report_companion(companion)
     plan.raise_for_errors()
     click.echo(plan.diff(), nl=False)
 

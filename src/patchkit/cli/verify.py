@@ -134,25 +134,29 @@ def _jit_census(versions: str | None, as_json: bool) -> None:
     from rich.table import Table
 
     from patchkit.sources.cache import ArchiveCache
-    from patchkit.sources.pins import pinned_flashinfer
+    from patchkit.sources.companion import companion_of
     from patchkit.sources.release import open_release
     from patchkit.verify.jit_census import census, census_dict, find_nvcc
 
     version = _one_version(versions)
     find_nvcc()  # before any download: without nvcc nothing can be checked
     progress = sys.stderr.isatty()
-    flashinfer = pinned_flashinfer(open_release("vllm", version, cache=ArchiveCache(), progress=progress))
+    cache = ArchiveCache()
+    # The FlashInfer it pins, or what the companion policy compiles instead (the same as verify's matrix).
+    companion = companion_of(open_release("vllm", version, cache=cache, progress=progress), cache=cache)
+    flashinfer = companion.checked if companion else None
     rows = census("vllm", version, progress=progress)
-    if flashinfer:
-        rows += census("flashinfer-python", flashinfer, progress=progress)
+    if companion is not None and companion.checked:
+        rows += census(companion.dist, companion.checked, progress=progress)
     result = census_dict(rows, {"vllm": version, "flashinfer-python": flashinfer})
+    result["companion"] = companion.to_dict() if companion else None
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         sys.exit(0 if result["ok"] else 1)
     console = Console(width=None if sys.stdout.isatty() else 140)
     for unit in dict.fromkeys(row.unit for row in rows):
-        version = next(r.version for r in rows if r.unit == unit)
-        table = Table(title=f"{unit} {version}: ptxas' resource use against GB10's limits (sm_121)", title_justify="left")
+        unit_version = next(r.version for r in rows if r.unit == unit)  # not `version`: the release, said below
+        table = Table(title=f"{unit} {unit_version}: ptxas' resource use against GB10's limits (sm_121)", title_justify="left")
         for col in ("kernel", "arch", "regs", "spill B", "static B", "dynamic B", "limit B", "verdict"):
             table.add_column(col, justify="left" if col in ("kernel", "arch", "verdict") else "right")
         for row in (r for r in rows if r.unit == unit):
@@ -162,8 +166,11 @@ def _jit_census(versions: str | None, as_json: bool) -> None:
             table.add_row(shown, row.arch, str(row.registers), f"{row.spills:,}", f"{row.static_smem:,}",
                           f"{row.dynamic_smem:,}", f"{result['limits']['smem_per_block']:,}", verdict)
         console.print(table)
-    if not flashinfer:
+    if companion is None:
         console.print(f"[yellow]vLLM {version} pins no flashinfer-python (requirements/cuda.txt): its sparse MLA not compiled[/]")
+    elif companion.finding:
+        console.print(f"vLLM {version}: {companion.finding}" + ("" if flashinfer else ": its sparse MLA not compiled"),
+                      style="yellow", markup=False)
     sys.exit(0 if result["ok"] else 1)
 
 

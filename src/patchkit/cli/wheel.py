@@ -43,18 +43,27 @@ def wheel_group() -> None:
 @json_option
 def build_cmd(version, series_names, platforms, output, patches_dir, images_dir, as_json):
     """Patch the release's wheel with each series; write `vllm-VERSION+glm53.HASH-...whl`, reproducibly."""
+    from patchkit.sources.companion import resolve_pin
     from patchkit.wheels.build import build_wheel
-    from patchkit.wheels.release import release_wheel
+    from patchkit.wheels.release import pinned_companion, release_wheel
 
     names = series_names or tuple(sorted(p.parent.name for p in images_dir.glob("*/image.toml")))
     built = []
+    companions = {}  # pin -> the companion policy's answer, asked once
     for arch in platforms or ARCHES:
         release = release_wheel(version, arch, progress=err_console.is_terminal)
+        pin = pinned_companion(release)
+        if pin is not None and pin not in companions:  # reported before any build that may stop the command
+            companion = resolve_pin(pin)
+            companions[pin] = companion.to_dict()
+            if companion.finding:
+                err_console.print(_unpublished_pin(version, companion), style="yellow", markup=False,
+                                  highlight=False, soft_wrap=True)
         for name in names:
             patchset, patches = load_series(patches_dir, SeriesChoice(name, images_dir))
             result = build_wheel(release, patches, name, output)
             extras = _extra_wheels(images_dir, name, patchset)
-            built.append({**result.summary(), "extras": extras})
+            built.append({**result.summary(), "extras": extras, "companion": companions[pin] if pin else None})
             err_console.print(f"{name} ({arch}): {result.path.name}")
             for requirement in extras:  # the image's [wheels] are not inside vLLM's wheel: installed beside it
                 err_console.print(f"  its image also carries {requirement.split()[0]}: `pip install "
@@ -64,6 +73,18 @@ def build_cmd(version, series_names, platforms, output, patches_dir, images_dir,
         click.echo(json.dumps(built, indent=2, sort_keys=True))
     else:
         console.print(_table(built))
+
+
+def _unpublished_pin(version: str, companion) -> str:
+    """What a pin other than the one checked means for the patched wheel: pip cannot resolve the
+    requirement as the release states it; the policy's substitute (sources.companion) is what verify and
+    check read the series' FlashInfer edits against (a vLLM wheel carries none of them)."""
+    head = f"vLLM {version}'s wheel requires {companion.dist}=={companion.pin}"
+    if companion.how != "substitute":
+        return f"{head}: {companion.finding}"
+    return (f"{head}, {companion.unpublished}: pip cannot install the wheel's requirements from the index as "
+            f"they stand; {companion.checked} is the substitute `patchkit verify` and `check` read the series' "
+            "FlashInfer edits against")
 
 
 def _extra_wheels(images: Path, series: str, patchset) -> list[str]:

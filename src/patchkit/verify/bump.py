@@ -93,9 +93,14 @@ class CellJ(_Open):
     detail: str
 
 
+class CompanionJ(_Open):
+    finding: str | None = None
+
+
 class ColumnJ(_Open):
     label: str
     source: str
+    companion: CompanionJ | None = None  # a record from before sources.companion has none
 
 
 class MatrixPatchJ(_Open):
@@ -336,6 +341,8 @@ def _matrix_section(run: BumpRun) -> list[str]:
         ("builds" if i.builds[lb].builds else "does not build: " + _md("; ".join(i.builds[lb].blockers)))
         if lb in i.builds else "-" for lb in labels) + " |" for i in v.images]
     lines += [""] + [f"- regression: `{f.patch}` @ {_md(f.column)}: {_md(f.reason)}" for f in v.findings]
+    lines += [f"- companion: {_md(c.label)}: {_md(c.companion.finding)}" for c in v.columns
+              if c.companion is not None and c.companion.finding]
     lines += ["", "Sources: " + "; ".join(f"{_md(c.label)}: {_md(c.source)}" for c in v.columns), ""]
     return lines
 

@@ -14,6 +14,11 @@ Exit 1 (`Matrix.exit_code`) means one of:
   every out-of-range cell is evaluated again with the ranges ignored ("would apply" / "would break").
 Older versions are reported, never counted; an upstreamed patch is reported, never an error.
 
+Each release is checked with the FlashInfer it pins, or what `sources.companion`'s policy checks instead
+when that version was never published (or only what `--with` names). A column whose pin could not be had
+carries the companion's finding, and so does each cell of a patch that edits FlashInfer there; it is a
+fact about the release, not a regression, so it never sets the exit code.
+
 The cells' states are `states.CellState`; `render` shows the matrix to people and machines.
 """
 
@@ -36,6 +41,8 @@ from patchkit.patching.planner import EditState, PatchResult, Plan, State, plan
 from patchkit.patching.series import FULL_SERIES
 from patchkit.sources.base import Source
 from patchkit.sources.cache import ArchiveCache
+from patchkit.sources.companion import Companion, explicit, open_companion, resolve_pin
+from patchkit.sources.pins import pinned_flashinfer
 from patchkit.verify.states import CellState
 from patchkit.verify.targets import Target, open_target
 
@@ -60,6 +67,7 @@ class Column:
     source: str  # the source's description: where the bytes came from
     pinned: bool
     newer: bool  # newer than the pinned release (a version that does not parse counts as newer)
+    companion: Companion | None = None  # the FlashInfer checked with it, and why that one
 
     @property
     def label(self) -> str:
@@ -71,6 +79,7 @@ class Cell:
     state: CellState
     result: PatchResult  # the planner's verdict within the full series
     would: PatchResult | None = None  # out of range: the verdict with every range ignored
+    companion: str | None = None  # the column's companion finding, on a patch that edits the companion
 
     @property
     def would_state(self) -> CellState | None:
@@ -82,8 +91,9 @@ class Cell:
             text = f"out of range: {self.result.detail}"
             if (would := self.would_state) is not None:
                 text += f"; ignoring ranges it {would.would}"
-            return text
-        return f"{self.state}: {self.result.detail}" if self.result.detail else str(self.state)
+        else:
+            text = f"{self.state}: {self.result.detail}" if self.result.detail else str(self.state)
+        return f"{text}; {self.companion}" if self.companion else text
 
     def diagnostics(self) -> str:
         """The planner's account of each broken edit, nearest matches included ("" if no edit is broken)."""
@@ -163,6 +173,11 @@ class Matrix:
         return 1 if self.findings else 0
 
     @property
+    def companion_findings(self) -> list[tuple[str, str]]:
+        """(column label, finding) for each release whose companion pin was not what got checked."""
+        return [(c.label, c.companion.finding) for c in self.columns if c.companion and c.companion.finding]
+
+    @property
     def newest_for_all(self) -> Column | None:
         """The newest version on which every image builds."""
         for column in reversed(self.columns):
@@ -194,20 +209,23 @@ def compute(
     images: dict[str, dict[str, ImageCell]] = {name: {} for name in image_series}
     companions = _Companions(cache, progress)
 
-    def open_one(target: Target) -> Source:
+    def open_one(target: Target) -> tuple[Source, Companion | None]:
         source = opener(target) if opener else open_target(target, cache=cache, progress=progress)
-        with_ = list(extra or []) or companions.pinned_by(source)
+        if extra:
+            with_, companion = list(extra), explicit(source, extra)
+        else:
+            with_, companion = companions.for_release(source)
         if with_:
             from patchkit.sources import combine_sources
 
             source = combine_sources([source, *with_])
-        return source
+        return source, companion
 
     # Index releases open in parallel (each a pass over its sdists, inflate outside the GIL); git
     # checkouts and custom openers one at a time.
     parallel = opener is None and all(t.location is None for t in targets)
-    for target, source in _opened(targets, open_one, workers=(os.cpu_count() or 1) if parallel else 1):
-        column = _column(target, source, pinned)
+    for target, (source, companion) in _opened(targets, open_one, workers=(os.cpu_count() or 1) if parallel else 1):
+        column = _column(target, source, pinned, companion)
         columns.append(column)
         plans = {patchset.order: plan(full, source)}
         relaxed = None
@@ -215,7 +233,8 @@ def compute(
             relaxed = plan([_without_ranges(p) for p in full], source)
         for result in plans[patchset.order].results:
             would = relaxed.result(result.patch.id) if relaxed and result.state == State.OUT_OF_RANGE else None
-            cells[(result.patch.id, column.label)] = Cell(CellState.from_plan(result.state), result, would)
+            note = _companion_note(result.patch, companion)
+            cells[(result.patch.id, column.label)] = Cell(CellState.from_plan(result.state), result, would, note)
         for name, ids in image_series.items():
             if ids not in plans:
                 plans[ids] = plan(patchset.series(ids), source)
@@ -229,7 +248,7 @@ def compute(
     return Matrix(pinned, columns, full, cells, dict(image_series), images)
 
 
-def _opened(targets: list[Target], open_one: Callable[[Target], Source], workers: int):
+def _opened(targets: list[Target], open_one: Callable[[Target], tuple[Source, Companion | None]], workers: int):
     """(target, source) in the targets' order, at most `workers` opening at once and one more waiting, so
     memory holds a few releases, not all of them."""
     if workers <= 1:
@@ -247,32 +266,38 @@ def _opened(targets: list[Target], open_one: Callable[[Target], Source], workers
 
 
 class _Companions:
-    """Without --with, a release is checked together with the FlashInfer release it pins; releases that
-    pin the same one (0.31 and 0.32) share it, opened once even when both open at the same time."""
+    """Without --with, a release is checked together with the FlashInfer release it pins, or what
+    `sources.companion`'s policy checks instead; releases that pin the same one (0.31 and 0.32) share it,
+    resolved and opened once even when both open at the same time."""
 
     def __init__(self, cache: ArchiveCache | None, progress: bool):
         self._cache, self._progress = cache, progress
-        self._opened: dict[str, Source] = {}
+        self._resolved: dict[str, tuple[Companion, Source | None]] = {}
         self._lock = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
 
-    def pinned_by(self, source: Source) -> list[Source]:
-        from patchkit.sources import open_source
-        from patchkit.sources.pins import pinned_flashinfer
-
-        version = pinned_flashinfer(source)
-        if not version:
-            return []
+    def for_release(self, source: Source) -> tuple[list[Source], Companion | None]:
+        pin = pinned_flashinfer(source)
+        if not pin:
+            return [], None
         with self._lock:
-            lock = self._locks.setdefault(version, threading.Lock())
+            lock = self._locks.setdefault(pin, threading.Lock())
         with lock:
-            if version not in self._opened:
-                self._opened[version] = open_source(f"flashinfer-python=={version}", cache=self._cache,
-                                                    progress=self._progress)
-        return [self._opened[version]]
+            if pin not in self._resolved:
+                companion = resolve_pin(pin, cache=self._cache)
+                self._resolved[pin] = companion, open_companion(companion, cache=self._cache, progress=self._progress)
+        companion, opened = self._resolved[pin]
+        return ([opened] if opened is not None else []), companion
 
 
-def _column(target: Target, source: Source, pinned: str) -> Column:
+def _companion_note(patch: Patch, companion: Companion | None) -> str | None:
+    """The column's companion finding, for a patch with an edit of the companion's package."""
+    if companion is None or companion.finding is None:
+        return None
+    return companion.finding if any(e.package == companion.package for e in patch.edits) else None
+
+
+def _column(target: Target, source: Source, pinned: str, companion: Companion | None = None) -> Column:
     version = source.versions().get("vllm")
     if version is None:
         raise InvalidColumn(target.label, "no-vllm", pinned, source.description)
@@ -283,7 +308,7 @@ def _column(target: Target, source: Source, pinned: str) -> Column:
     if target.pinned and parsed != Version(pinned):
         raise InvalidColumn(target.label, "not-pinned", pinned, source.description)
     newer = parsed is None or parsed > Version(pinned)
-    return Column(target, version, source.description, target.pinned, newer)
+    return Column(target, version, source.description, target.pinned, newer, companion)
 
 
 def _column_key(column: Column, index: int) -> tuple:

@@ -26,6 +26,7 @@ def to_dict(matrix: Matrix) -> dict:
             "detail": cell.result.detail,
             "edits": result_to_dict(cell.result)["edits"],
             "would": None,
+            "companion": cell.companion,
         }
         if cell.would is not None and (would_state := cell.would_state) is not None:
             would = result_to_dict(cell.would)
@@ -37,7 +38,8 @@ def to_dict(matrix: Matrix) -> dict:
         "pinned": matrix.pinned,
         "exit_code": matrix.exit_code,
         "columns": [
-            {"label": c.label, "version": c.version, "source": c.source, "pinned": c.pinned, "newer": c.newer}
+            {"label": c.label, "version": c.version, "source": c.source, "pinned": c.pinned, "newer": c.newer,
+             "companion": c.companion.to_dict() if c.companion else None}
             for c in matrix.columns
         ],
         "patches": [
@@ -96,7 +98,7 @@ def _noteworthy(matrix: Matrix) -> list[tuple[Patch, Column, Cell]]:
         for p in matrix.patches
         for c in matrix.columns
         if not _holds(cell := matrix.cell(p.id, c.label))
-        and (cell.state != CellState.APPLIES or cell.result.detail)
+        and (cell.state != CellState.APPLIES or cell.result.detail or cell.companion)
     ]
 
 
@@ -120,6 +122,8 @@ def render(matrix: Matrix) -> list:
         cells = [matrix.cell(patch.id, c.label) for c in matrix.columns]
         table.add_row(patch.id, *(Text(_short(cell), style=cell.state.style) for cell in cells))
     out.append(table)
+    for label, finding in matrix.companion_findings:
+        out.append(Text(f"{label}: {finding}", style="yellow"))
     details = _noteworthy(matrix)
     if details:
         out.append(Text("details", style="bold"))
@@ -166,6 +170,9 @@ def to_markdown(matrix: Matrix) -> str:
         lines += [f"- `{f.patch}` @ {_md(f.column)}: {_md(f.reason)}" for f in findings]
     else:
         lines.append("No regression against the pinned release.")
+    if matrix.companion_findings:
+        lines += ["", "**Companions not checked as pinned:**", ""]
+        lines += [f"- {_md(label)}: {_md(finding)}" for label, finding in matrix.companion_findings]
     lines += ["", "| patch | " + " | ".join(_md(h) for h in heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for patch in matrix.patches:
         cells = [matrix.cell(patch.id, c.label) for c in matrix.columns]

@@ -16,8 +16,10 @@ from packaging.version import Version
 from patchkit.errors import PatchkitError
 from patchkit.sources.cache import ArchiveCache, default_cache_root
 from patchkit.sources.index import IndexFile, project_files
+from patchkit.sources.pins import pinned_in_metadata
 from patchkit.sources.release import fetch_archive
 from patchkit.wheels import ARCHES
+from patchkit.wheels.verified import open_wheel
 
 
 def release_wheel(version: str, arch: str, *, dist: str = "vllm", cache_root: Path | None = None,
@@ -47,3 +49,10 @@ def choose_wheel(dist: str, version: str, arch: str) -> IndexFile:
     if chosen.sha256 is None:
         raise PatchkitError(f"the index gives no sha256 for {chosen.url}: refusing a wheel that cannot be verified")
     return chosen
+
+
+def pinned_companion(release: Path) -> str | None:
+    """The exact flashinfer-python the release wheel's METADATA requires (its vLLM's own pin), read from the
+    wheel verified whole; None when it requires none exactly."""
+    with open_wheel(release) as wheel:
+        return pinned_in_metadata(wheel.read(f"{wheel.dist_info}/METADATA", "metadata"))

@@ -1,5 +1,5 @@
-"""Sessions: lint, tests, tests-releases, release-<v>, what-ran-where, patch-necessity, verify, bench, and
-build-<variant> for every image in images/.
+"""Sessions: lint, tests, tests-releases, release-<v>, vllm-tests-<v>, what-ran-where, patch-necessity, verify,
+bench, and build-<variant> for every image in images/.
 
 Every supported vLLM release (0.30.0-0.33.0) gets its own cached CPU test environment, the release's
 wheel installed with --no-deps beside the pure-Python dependencies it declares (requirements/
@@ -61,7 +61,8 @@ USER_PYTHONS = ((3, 11), (3, 12), (3, 13))  # what the user's sessions run on (r
 # The checkers `nox -s lint` runs, pinned: a new ruff or mypy release brings new rules and must not turn CI
 # red on its own. The stubs are the typeshed ones for the two untyped dependencies mypy reads (docker,
 # requests); pyproject.toml's [tool.mypy] lists the packages that have none.
-LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1", "types-requests==2.33.0.20261030", "types-docker==7.2.0.20261006")
+LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1", "types-requests==2.33.0.20261030", "types-docker==7.2.0.20261006",
+              "pytest==9.2.0")  # pytest: gate/plugin.py is a pytest plugin, typed against pytest's own types
 
 nox.needs_version = ">=2024.3.2"  # sessions' `requires` (tests requires lint)
 nox.options.envdir = str(CACHE / "nox")
@@ -98,6 +99,7 @@ def install_vllm_env(session: nox.Session, release: str) -> None:
     session.install("--no-deps", f"vllm=={release}")
     session.install("--no-deps", "nvidia-modelopt==0.47.0")  # the real NVFP4 packer for the CPU smoke
     session.install("-r", str(ROOT / "requirements" / "modelopt-test.txt"))
+    session.install("-r", str(ROOT / "requirements" / "vllm-tests.txt"))  # vLLM's own tests (vllm-tests-<v>)
     session.install("-e", f"{ROOT}[test]")
 
 
@@ -139,7 +141,8 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """`lint` first (required: a finding fails the run before the suite starts); then the whole suite against
     real vLLM 0.33.0, real vLLM sources and a real local OCI registry; then the release-sensitive tests on
-    every older release (DEFAULT_OLDER) and the What-ran-where check."""
+    every older release (DEFAULT_OLDER), the What-ran-where check, and vLLM 0.33.0's own tests for the
+    serving area, stock against patched (`vllm-tests-0.33.0 -- --subset ci`)."""
     install_vllm_env(session, PINNED)
     install_actionlint(session)
     if not session.posargs:  # a fresh matrix: no record of an earlier run may stand in for this one
@@ -151,6 +154,8 @@ def tests(session: nox.Session) -> None:
         for release in DEFAULT_OLDER:
             session.notify(f"release-{release}")
         session.notify("what-ran-where", posargs=[PINNED, *DEFAULT_OLDER])
+        # vLLM's own tests, stock against patched, on the part CI's budget holds (the rest: daily)
+        session.notify(f"vllm-tests-{PINNED}", posargs=["--subset", "ci"])
 
 
 def _release_session(release: str) -> None:
@@ -166,6 +171,28 @@ def _release_session(release: str) -> None:
 
 for _release in RELEASES[:-1]:
     _release_session(_release)
+
+
+def _vllm_tests_session(release: str) -> None:
+    def run(session: nox.Session) -> None:
+        python = _env_python(release)
+        if not python.exists():
+            first = "tests" if release == PINNED else f"release-{release}"
+            session.error(f"{python} missing: run `nox -s {first}` first (the gate runs in that environment)")
+        # vLLM's own test plugins beside the release's environment (uv: the older ones are uv's, no pip)
+        session.run("uv", "pip", "install", "-q", "--python", str(python), "-r",
+                    str(ROOT / "requirements" / "vllm-tests.txt"), external=True)
+        record = RESULTS / "vllm-tests" / f"vllm-{release}{'-subset' if '--subset' in session.posargs else ''}.json"
+        session.run(str(python), "-m", "patchkit.gate", "--record", str(record), *session.posargs,
+                    env={"PYTHONPATH": str(ROOT / "src")}, external=True)
+
+    run.__doc__ = (f"vLLM {release}'s own tests for every module the series edits, on the stock and the patched "
+                   "tree, compared per test id; a difference names its patch (`-- --subset ci`: CI's part).")
+    nox.session(name=f"vllm-tests-{release}", venv_backend="none")(run)
+
+
+for _release in RELEASES:
+    _vllm_tests_session(_release)
 
 
 @nox.session(name="tests-host", python=os.environ.get("PATCHKIT_HOST_PYTHONS", "3.12").split(","))

@@ -21,6 +21,7 @@ from patchkit.cli.common import (
     load_series,
     patches_option,
 )
+from patchkit.errors import PatchkitError
 from patchkit.patching.series import FULL_SERIES
 from patchkit.wheels import ARCHES
 
@@ -54,11 +55,18 @@ def build_cmd(version, series_names, platforms, output, patches_dir, images_dir,
         release = release_wheel(version, arch, progress=err_console.is_terminal)
         pin = pinned_companion(release)
         if pin is not None and pin not in companions:  # reported before any build that may stop the command
-            companion = resolve_pin(pin)
-            companions[pin] = companion.to_dict()
-            if companion.finding:
-                err_console.print(_unpublished_pin(version, companion), style="yellow", markup=False,
+            try:
+                companion = resolve_pin(pin)
+            except PatchkitError as e:  # advice about the pin, never a reason not to build the wheel
+                companions[pin] = {"pin": pin, "checked": None, "finding": f"not asked: {e}"}
+                err_console.print(f"vLLM {version}'s wheel requires flashinfer-python=={pin}; the index was not "
+                                  f"asked whether it is published ({e})", style="yellow", markup=False,
                                   highlight=False, soft_wrap=True)
+            else:
+                companions[pin] = companion.to_dict()
+                if companion.finding:
+                    err_console.print(_unpublished_pin(version, companion), style="yellow", markup=False,
+                                      highlight=False, soft_wrap=True)
         for name in names:
             patchset, patches = load_series(patches_dir, SeriesChoice(name, images_dir))
             result = build_wheel(release, patches, name, output)

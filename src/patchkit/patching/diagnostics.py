@@ -1,4 +1,4 @@
-"""Where an anchor went: line numbers of what was found, and the nearest region when nothing was.
+"""Where an anchor went: the nearest region when nothing was found (where it was: anchors.lines).
 
 A maintainer rebasing a patch onto a new vLLM wants the line and a short diff, not "pattern not matched".
 difflib does the similarity; the windowing over lines is ours because an anchor is a run of whole or
@@ -20,15 +20,6 @@ class NearestMatch:
 
     def describe(self) -> str:
         return f"nearest match at line {self.line} ({self.similarity:.0%} similar):\n{self.diff}"
-
-
-def occurrence_lines(text: str, needle: str) -> list[int]:
-    """1-based line numbers where each occurrence of needle starts."""
-    lines, start = [], 0
-    while (pos := text.find(needle, start)) != -1:
-        lines.append(text.count("\n", 0, pos) + 1)
-        start = pos + max(len(needle), 1)
-    return lines
 
 
 def nearest_match(text: str, anchor: str, *, max_diff_lines: int = 12) -> NearestMatch | None:

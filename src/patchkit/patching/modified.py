@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 
+from patchkit.patching import anchors
 from patchkit.patching.diagnostics import nearest_match
 from patchkit.patching.patchset import Edit
 
@@ -34,7 +35,7 @@ def edited_text(edit: Edit, path: str, text: str, n_anchor: int, n_applied: int,
     markers = {m.group(0) for m in re.finditer(r"patchkit [\w.-]*\w", edit.text)}
     if edit.action in ("insert_after", "insert_before") and n_anchor == edit.count:
         width = max(1, edit.text.count("\n"))
-        for start in _find_all(text, edit.anchor):
+        for start in anchors.find_all(text, edit.anchor):
             region = _lines_after(text, start + len(edit.anchor), width) if edit.action == "insert_after" \
                 else _lines_before(text, start, width)
             if any(other != edit.text and other in region for other in inserted):
@@ -75,14 +76,6 @@ def _lines_before(text: str, pos: int, n: int) -> str:
             break
         start = text.rfind("\n", 0, start - 1) + 1
     return text[start:pos]
-
-
-def _find_all(text: str, needle: str) -> list[int]:
-    found, start = [], 0
-    while (pos := text.find(needle, start)) != -1:
-        found.append(pos)
-        start = pos + max(len(needle), 1)
-    return found
 
 
 def _modified_result(edit: Edit, path: str, text: str, expected: str, region: str) -> tuple[int, str]:

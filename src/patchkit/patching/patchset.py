@@ -28,6 +28,7 @@ from patchkit.patching.schema import (
     UpstreamedProbeTable,
 )
 from patchkit.sources.base import DISTRIBUTIONS
+from patchkit.sources.installed_version import VERSION_MODULES
 from patchkit.tomlschema import InvalidDefinition
 from patchkit.untrusted import read_file
 
@@ -44,7 +45,9 @@ class InvalidPatchFile(InvalidDefinition):
     "no-range" (a package without a version range), "version-range" (not PEP 440), "assert-text" (an
     assert with a text), "changes-nothing", "anchor-in-text", "text-twice" (text and text_file),
     "text-file-outside", "text-file-missing", "encoding", "file-or-files", "absolute-path",
-    "escaping-path", "no-condition" ([needed_when] names none); judged where the rule is used:
+    "escaping-path", "no-condition" ([needed_when] names none), "probe-kind" ([upstreamed] gives both or
+    neither of contains and release, or a file with release), "version-probe" (a contains probe on the
+    release stamp file); judged where the rule is used:
     "unknown-field" (a [needed_when] serve key no variant has), "unknown-kind" (a quantized kind no module
     has), "unknown-marker" (a [smoke] marker the boot-log reader does not know)."""
 
@@ -118,11 +121,13 @@ class Edit:
 
 @dataclass(frozen=True)
 class Probe:
-    """Text whose presence in the unpatched target means upstream now carries the fix."""
+    """What in the unpatched target means upstream now carries the fix (probes.py matches it): `contains`
+    found whole in one of `candidates`, or the source's own release inside `release`."""
 
     package: str
-    candidates: tuple[str, ...]
-    contains: str
+    candidates: tuple[str, ...]  # () for a release probe
+    contains: str | None = None
+    release: SpecifierSet | None = None
 
 
 @dataclass(frozen=True)
@@ -223,7 +228,7 @@ def load_patch(toml_path: Path) -> Patch:
         if raw.package not in ranges:
             raise InvalidPatchFile(toml_path, "[upstreamed]", "no-range",
                                    f"package {raw.package!r} has no version range in this patch")
-        probe = Probe(package=raw.package, candidates=_candidates(raw, toml_path, "[upstreamed]"), contains=raw.contains)
+        probe = _probe(raw, toml_path)
     return Patch(
         id=doc.id,
         title=doc.title,
@@ -244,6 +249,25 @@ def load_patch(toml_path: Path) -> Patch:
         smoke_env=dict(doc.smoke.env) if doc.smoke else {},
         smoke_markers=tuple(doc.smoke.markers) if doc.smoke else (),
     )
+
+
+def _probe(raw: UpstreamedProbeTable, toml_path: Path) -> Probe:
+    at = "[upstreamed]"
+    if (raw.contains is None) == (raw.release is None):
+        raise InvalidPatchFile(toml_path, at, "probe-kind", "give exactly one of contains (text in its file or "
+                               "files) or release (a range of the source's own release)")
+    if raw.release is not None:
+        if raw.file is not None or raw.files is not None:
+            raise InvalidPatchFile(toml_path, at, "probe-kind", "a release probe reads the source's own version, "
+                                   "not a file: give no file or files")
+        return Probe(raw.package, (), release=_specifier(raw.release, toml_path, f"{at}, key 'release'"))
+    candidates = _candidates(raw, toml_path, at)
+    stamp = VERSION_MODULES.get(raw.package)
+    if stamp in candidates:
+        raise InvalidPatchFile(toml_path, at, "version-probe", f"contains reads {raw.package}/{stamp}, the release "
+                               "stamp: text of a version fires on every release that shares it; probe the fix's "
+                               "own code, or give release = a range of the source's own release (exact)")
+    return Probe(raw.package, candidates, contains=raw.contains)
 
 
 def _needed_when(table: NeededWhenTable | None, toml_path: Path) -> NeededWhenTable | None:

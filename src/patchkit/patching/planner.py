@@ -4,7 +4,8 @@ changes no answer).
 
 check, apply, revert, status, diff, verify and image builds are all this one computation with
 different ends. Every anchor is asserted with its exact count against the text as the series has
-left it so far; per-patch state is read from the text itself, never from a side file.
+left it so far, counted only where it matches as written, from the start of a line (anchors.py); per-patch
+state is read from the text itself, never from a side file.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from enum import StrEnum
 from packaging.version import InvalidVersion, Version
 
 from patchkit.errors import PatchFailed
-from patchkit.patching.diagnostics import NearestMatch, nearest_match, occurrence_lines
+from patchkit.patching import anchors
+from patchkit.patching.diagnostics import NearestMatch, nearest_match
 from patchkit.patching.modified import edited_text
 from patchkit.patching.patchset import Action, Edit, Patch, Probe
+from patchkit.patching.probes import ProbeHit, probe_hit
 from patchkit.patching.syntax import syntax_error
 from patchkit.sources.base import Source
 
@@ -153,6 +156,8 @@ class _Texts:
         self.current: dict[tuple[str, str], str] = {}
         self.touched_by: dict[tuple[str, str], str] = {}
         self.inserted: set[str] = set()  # every text the series inserts or replaces with
+        self.own_versions: dict[str, str] = {}  # the source's own releases (a release probe reads these)
+        self.diagnose = True  # a broken edit's nearest match is searched for (the costly part of a diagnostic)
 
     def prefetch(self, patches: list[Patch], packages: dict[str, str]) -> None:
         """Read every file the series may touch in one go: an sdist then costs one decompression."""
@@ -210,16 +215,20 @@ def plan(
     *,
     mode: Mode | str = Mode.APPLY,
     versions: dict[str, str] | None = None,
+    diagnose: bool = True,
 ) -> Plan:
     """Evaluate a series against a source; in apply mode, pending patches are applied in memory.
 
     In revert mode the applied patches are undone, last first. `versions` overrides the versions the
     source reports (an image base that is a dev build states which release layout it matches).
+    `diagnose=False` leaves out a broken edit's nearest match (for a caller that reads only the states).
     """
     mode = Mode(mode)  # a caller's typo is a ValueError naming it, before anything is read
     found_versions = dict(source.versions())
-    found_versions.update(versions or {})
     texts = _Texts(source)
+    texts.own_versions = dict(found_versions)
+    texts.diagnose = diagnose
+    found_versions.update(versions or {})
     texts.inserted = {e.text for p in patches for e in p.edits if e.action != Action.ASSERT}
     texts.prefetch(patches, found_versions)
     ordered = patches if mode == Mode.APPLY else list(reversed(patches))
@@ -250,7 +259,7 @@ def _evaluate(patch: Patch, texts: _Texts, versions: dict[str, str], mode: Mode)
 
     if patch.upstreamed and patch.upstreamed.package not in absent:
         try:
-            if _probe_hits(patch.upstreamed, texts):
+            if _probe_hits(patch.upstreamed, texts) is not None:
                 return PatchResult(patch, State.UPSTREAMED, "upstream carries the fix: drop this patch")
         except _EditError as e:
             return PatchResult(patch, State.BROKEN, f"upstreamed probe on {patch.upstreamed.package}: {e}")
@@ -311,13 +320,13 @@ def _evaluate_edit(edit: Edit, texts: _Texts, staged: dict, mode: Mode) -> EditR
         text = staged[key] if key in staged else texts.get(*key)
     except _EditError as e:
         return EditResult(edit, EditState.BROKEN, path, detail=str(e))  # describe() names the file when it was found
-    n_anchor = text.count(edit.anchor)
+    n_anchor = anchors.count(text, edit.anchor)
     if edit.action == Action.ASSERT:
         if n_anchor == edit.count:
-            return EditResult(edit, EditState.HOLDS, path, n_anchor, occurrence_lines(text, edit.anchor))
-        return _broken(edit, path, text, n_anchor, "invariant no longer holds")
+            return EditResult(edit, EditState.HOLDS, path, n_anchor, anchors.lines(text, edit.anchor))
+        return _broken(edit, path, text, n_anchor, "invariant no longer holds", texts.diagnose)
 
-    n_applied = text.count(edit.applied_form)
+    n_applied = anchors.count(text, edit.applied_form)
     inserts = edit.action != Action.REPLACE
     if n_applied == edit.count and (not inserts or n_anchor == edit.count):
         state = EditState.APPLIED
@@ -328,26 +337,31 @@ def _evaluate_edit(edit: Edit, texts: _Texts, staged: dict, mode: Mode) -> EditR
         state = EditState.PENDING
     elif 0 < n_applied < edit.count and inserts:
         return EditResult(
-            edit, EditState.BROKEN, path, n_applied, occurrence_lines(text, edit.applied_form),
+            edit, EditState.BROKEN, path, n_applied, anchors.lines(text, edit.applied_form),
             f"applied at {n_applied} of {edit.count} anchors: partially applied",
         )
     else:
-        return _broken(edit, path, text, n_anchor, "")
+        return _broken(edit, path, text, n_anchor, "", texts.diagnose)
 
     if mode == Mode.APPLY and state == EditState.PENDING:
-        staged[key] = text.replace(edit.anchor, edit.applied_form)
+        staged[key] = anchors.replace(text, edit.anchor, edit.applied_form)
     elif mode == Mode.REVERT and state == EditState.APPLIED:
-        staged[key] = text.replace(edit.applied_form, edit.anchor)
-    return EditResult(edit, state, path, n_anchor, occurrence_lines(text, edit.anchor))
+        staged[key] = anchors.replace(text, edit.applied_form, edit.anchor)
+    return EditResult(edit, state, path, n_anchor, anchors.lines(text, edit.anchor))
 
 
-def _broken(edit: Edit, path: str, text: str, found: int, why: str) -> EditResult:
-    lines = occurrence_lines(text, edit.anchor)
+def _broken(edit: Edit, path: str, text: str, found: int, why: str, diagnose: bool = True) -> EditResult:
+    lines = anchors.lines(text, edit.anchor)
     detail = f"{why + ': ' if why else ''}anchor expected {edit.count}x, found {found}x"
     nearest = None
     if found:
         detail += f" at line{'s' if found > 1 else ''} {', '.join(map(str, lines))}"
-    else:
+    inside = anchors.inside_lines(text, edit.anchor)
+    if inside:  # what a substring search would have taken: never a match
+        detail += (f"; the anchor text occurs inside a line (not at its start) at line{'s' if len(inside) > 1 else ''} "
+                   f"{', '.join(map(str, inside))}: not counted, an anchor matches only where a line begins, "
+                   "as it was written")
+    if not found and diagnose:
         nearest = nearest_match(text, edit.anchor)
         if nearest:
             detail += "; " + nearest.describe()
@@ -364,15 +378,16 @@ def _resolve(package: str, candidates: tuple[str, ...], texts: _Texts) -> str:
     raise _EditError(f"ambiguous target: {len(existing)} candidates exist ({', '.join(existing)}); exactly one must")
 
 
-def _probe_hits(probe: Probe, texts: _Texts) -> bool:
-    existing = [c for c in probe.candidates if texts.exists(probe.package, c)]
-    for candidate in existing:
+def _probe_hits(probe: Probe, texts: _Texts) -> ProbeHit | None:
+    def read(candidate: str) -> str | None:
+        if not texts.exists(probe.package, candidate):
+            return None
         try:
-            if probe.contains in texts.get(probe.package, candidate):
-                return True
+            return texts.get(probe.package, candidate)
         except _EditError as e:
             raise _EditError(f"{probe.package}/{candidate}: {e}") from None
-    return False
+
+    return probe_hit(probe, read, texts.own_versions.get(probe.package))
 
 
 def _check_readable(texts: _Texts, results: list[PatchResult]) -> None:
@@ -389,12 +404,12 @@ def _check_readable(texts: _Texts, results: list[PatchResult]) -> None:
                 continue  # (these states name the candidate they found)
             form = e.edit.applied_form
             final = texts.get(e.edit.package, e.path)
-            if final.count(form) != e.edit.count:
+            if anchors.count(final, form) != e.edit.count:
                 later = texts.touched_by.get((e.edit.package, e.path), "a later patch")
                 e.state = EditState.BROKEN
                 e.detail = (
                     f"patch {later} rewrites the text of this edit (expected it {e.edit.count}x in the final "
-                    f"file, found {final.count(form)}x): its state could not be read back; merge the patches "
+                    f"file, found {anchors.count(final, form)}x): its state could not be read back; merge the patches "
                     "or anchor elsewhere"
                 )
                 result.state = State.BROKEN

@@ -56,9 +56,11 @@ class UpstreamTable(_Table):
 
 
 class UpstreamedProbeTable(_Table):
-    """Text whose presence in the unpatched file means upstream now carries the fix."""
+    """What in the unpatched source means upstream now carries the fix: text in one of its files
+    (`contains`, with file or files), or the source's own release in a range (`release`, exact)."""
 
-    contains: NonEmpty
+    contains: NonEmpty | None = None
+    release: NonEmpty | None = None     # PEP 440 range of the source's own release (no file)
     package: str = "vllm"
     file: NonEmpty | None = None
     files: Paths | None = None

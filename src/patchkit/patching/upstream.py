@@ -30,8 +30,11 @@ def render(patchset: PatchSet) -> str:
         parts.append("- applies to: " + "; ".join(f"{pkg} `{spec}`" for pkg, spec in p.ranges.items()))
         files = sorted({f"{e.package}/{' or '.join(e.candidates)}" for e in p.edits})
         parts.append("- files: " + ", ".join(f"`{f}`" for f in files))
-        if p.upstreamed:
+        if p.upstreamed and p.upstreamed.contains is not None:
             parts.append(f"- dropped automatically once upstream contains: `{p.upstreamed.contains.strip()}`")
+        elif p.upstreamed:
+            parts.append(f"- dropped automatically on the {p.upstreamed.package} releases `{p.upstreamed.release}` "
+                         "(the source's own release)")
         parts.append(f"- content hash: `{p.digest}`")
     return "\n".join(parts) + "\n"
 

@@ -1,0 +1,129 @@
+"""The records `patchkit bump body` reads are the producers' own types: each producer's real code writes a
+record here (rebase's `payload`, the kernel census's and the tracked state's `to_dict`, retire's
+`RetireRecord`), and bump's schema must decode it with every field it declares present. A field a
+producer renames, or a state it renames, fails here, even where the body's reader gives it a default.
+
+The producers' objects are built from real patches (patches/) and a real plan of a tiny tree on disk;
+the full records of a real run on vLLM 0.34.0 are checked the same way by tests/test_bump_workflow.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from builders import write_package, write_patchset
+from patchkit.jsondata import MalformedJson, decode
+from patchkit.patching import planner
+from patchkit.patching.patchset import load_patchset
+from patchkit.patching.rebase import (
+    Evidence,
+    NeedsPerson,
+    PatchRebase,
+    Proposal,
+    Rebase,
+    RebaseState,
+    payload,
+)
+from patchkit.patching.rebase import (
+    TestRun as BehaviourTestRun,
+)
+from patchkit.patching.record import RecordedEdit
+from patchkit.sources.directory import DirectorySource
+from patchkit.verify import bump
+from patchkit.verify.kernels import NEEDS, Census, Row
+from patchkit.verify.retire import Evidence as Found
+from patchkit.verify.retire import Kind, Retirement, RetireRecord, Verdict
+from patchkit.verify.upstream_state import TrackedState
+from record_fields import declared_but_absent
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def strict(schema: type, record: dict):
+    """The record as bump reads it, every declared field there."""
+    data = json.dumps(record).encode()
+    decoded = decode(data, schema, "the record")
+    assert declared_but_absent(schema, json.loads(data)) == []
+    return decoded
+
+
+@pytest.fixture(scope="module")
+def real_patches():
+    return {p.id: p for p in load_patchset(REPO / "patches").series()}
+
+
+def a_rebase(real_patches, tmp_path) -> tuple[Rebase, planner.Plan]:
+    """A rebase holding one patch in each state that carries data (proposals, an edit for a person, a
+    test run, a failure), and the plan of a tiny tree (the planner's own result objects)."""
+    shim, think, topk = real_patches["naming-shim"], real_patches["glm53-always-think"], real_patches["pool-topk-init"]
+    edit = shim.edits[0]
+    new = RecordedEdit(edit.package, ("models/glm5next/common/model.py",), str(edit.action), "anchor\n", "text\n",
+                       versions=">=0.34")
+    proposal = Proposal(edit, "re-anchored", new, "<0.34", Evidence(edit.candidates[0], new.candidates[0], 0.93,
+                                                                    "old", "new", [12, 13], "aligned 93% similar"))
+    results = [
+        PatchRebase(shim, RebaseState.UNTESTED, proposals=[proposal], new_range=("vllm", "<0.34", "<0.35"),
+                    written=True, tests=BehaviourTestRun(shim.id, "tests/patches/test_naming_shim.py", 0, "6 passed")),
+        PatchRebase(topk, RebaseState.NEEDS_PERSON, people=[NeedsPerson(topk.edits[0], "a merge conflict",
+                                                                         ["sparse_indexer.py line 389: ..."])],
+                    new_range=("vllm", "<0.34", "<0.35")),
+        PatchRebase(think, RebaseState.UPSTREAMED, detail="its probe fires"),
+        PatchRebase(real_patches["quantprobe"], RebaseState.DOES_NOT_APPLY, failure="edit 2: broken"),
+    ]
+    rebase = Rebase("vllm 0.33.0", "vllm 0.34.0", {"vllm": "0.34.0"}, results, tests_note="--no-tests")
+    tree = write_package(tmp_path / "tree", {"a.py": "x = 1\n"}, version="0.34.0")
+    tiny = load_patchset(write_patchset(tmp_path / "p", {"tiny": [
+        {"file": "a.py", "action": "insert_after", "anchor": "x = 1\n", "text": "y = 2\n"}]}))
+    return rebase, planner.plan(tiny.series(), DirectorySource(tree))
+
+
+def test_the_rebase_record_is_the_type_the_body_reads(real_patches, tmp_path):
+    rebase, plan = a_rebase(real_patches, tmp_path)
+    run = strict(bump.RebaseRun, payload(rebase, plan, write=True))
+    assert [p.state for p in run.patches] == [r.state for r in rebase.results]  # the producer's enum itself
+    assert run.check == {"tiny": planner.State.NOT_APPLIED} and run.exit_code == rebase.exit_code
+    assert run.patches[1].needs_person[0].candidates == ["sparse_indexer.py line 389: ..."]
+    assert run.not_written == {"pool-topk-init": "edit 1 needs a person",
+                               "quantprobe": "its rebased form does not apply on the new release"}
+
+
+def test_a_state_the_producer_does_not_have_is_refused():
+    record = {"ok": True, "to": "x", "versions": {}, "patches": [{"patch": "a", "state": "rebased-ish", "detail": "",
+              "range": None, "proposals": [], "needs_person": []}], "check": {}, "tests": [], "tests_note": "",
+              "written": False, "from": "y"}
+    with pytest.raises(MalformedJson, match="rebased-ish"):
+        decode(json.dumps(record).encode(), bump.RebaseRun, "r")
+
+
+def test_the_retire_record_is_retires_own_struct():
+    verdict = Verdict("a", Retirement.CHECK_BY_HAND, [Found(Kind.RANGE, "outside"), Found(Kind.ANCHORS, "gone", "f.py")],
+                      in_range=False)
+    record = RetireRecord("0.34.0", "/results", [verdict])
+    assert strict(bump.RetireRecord, record.to_dict()) == record
+    assert bump.RetireRecord is RetireRecord  # one declaration, not a copy
+
+
+def test_the_census_record_is_the_type_the_body_reads():
+    census = Census("vllm-0.34.0.whl", [Row(need, {"sm_120f": 2}, {"sm_120f": 2}) for need in NEEDS], {})
+    run = strict(bump.KernelRun, census.to_dict())
+    assert [k.need for k in run.kernels] == [n.name for n in NEEDS] and run.runtime_compiled
+
+
+def test_the_tracked_state_record_is_the_type_the_body_reads(real_patches):
+    patch = next(p for p in real_patches.values() if p.tracked)
+    state = TrackedState(patch.id, patch.tracked[0], "merged", "a title", "https://example.invalid/1", None, None,
+                         "0.34.0", "milestone", "hand-written")
+    run = strict(bump.UpstreamRun, {"tracked": [state.to_dict()]})
+    assert run.tracked[0].released_in == "0.34.0"
+
+
+def test_a_renamed_field_is_found_even_where_the_reader_defaults_it(real_patches, tmp_path):
+    rebase, plan = a_rebase(real_patches, tmp_path)
+    record = payload(rebase, plan, write=True)
+    record["patches_written"] = record.pop("written_patches")  # the reader defaults it to []
+    msgspec.json.decode(json.dumps(record), type=bump.RebaseRun)  # still decodes ...
+    assert declared_but_absent(bump.RebaseRun, record) == ["$.written_patches"]  # ... and is caught

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import stat
 import time
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from hypothesis import strategies as st
 from engines import DockerdService, _running
 from hostile import assert_no_crash, assert_refused, run_patchkit
 from patchkit.spark.checks import (
+    DEEP_GEMM_NVCC,
     GPU_QUERY,
     check_gpu,
     check_host,
@@ -67,6 +70,7 @@ def this_machine(changes: dict | None = None) -> RecordedCommands:
     answers = {("uname", "-m"): recorded(m, "uname-m"), ("nvcc", "--version"): recorded(m, "nvcc-version"),
                ("free", "-b"): recorded(m, "free-b"), ("id", "-nG"): recorded(m, "id-nG"),
                ("id", "-u"): recorded(m, "id-u"), DOCKER_VERSION: recorded(m, "docker-version-no-daemon"),
+               ("sh", "-c", DEEP_GEMM_NVCC): recorded(m, "deep-gemm-nvcc"),
                ("printenv", "TORCH_CUDA_ARCH_LIST"): Output(1, ""), ("printenv", "FLASHINFER_CUDA_ARCH_LIST"): Output(1, "")}
     return RecordedCommands({**answers, **(changes or {})})
 
@@ -183,12 +187,13 @@ def test_the_image_is_checked_instead_of_the_host_with_image():
     run = ("docker", "run", "--rm", "--entrypoint")
     commands = a_spark({
         (*run, "nvcc", STANDIN, "--version"): recorded("this-machine", "docker-run-nvcc-standin"),
+        (*run, "sh", STANDIN, "-c", DEEP_GEMM_NVCC): recorded("this-machine", "docker-run-deep-gemm-nvcc-standin"),
         (*run, "printenv", STANDIN, "TORCH_CUDA_ARCH_LIST"): Output(0, "12.1a\n"),
         (*run, "printenv", STANDIN, "FLASHINFER_CUDA_ARCH_LIST"): Output(1, ""),
     })
     report = check_host(commands, LAB, image=STANDIN)
     checks = by_name(report)
-    assert failed(report) == ["nvcc", "FLASHINFER_CUDA_ARCH_LIST"]
+    assert failed(report) == ["nvcc", "nvcc (DeepGEMM)", "FLASHINFER_CUDA_ARCH_LIST"]
     assert checks["nvcc"].found == f"nvcc in {STANDIN}: not found" and "image that carries the CUDA 13 toolkit" in checks["nvcc"].fix
     assert checks["FLASHINFER_CUDA_ARCH_LIST"].fix == "build the image with ENV FLASHINFER_CUDA_ARCH_LIST=12.1f"
     assert checks["TORCH_CUDA_ARCH_LIST"].found == f"TORCH_CUDA_ARCH_LIST=12.1a in {STANDIN}"
@@ -281,3 +286,104 @@ def test_doctor_host_over_ssh(dockerd, tmp_path):
     assert checks["gpu"]["found"] == "nvidia-smi not found: no NVIDIA driver on this host"
     assert checks["nvcc"]["level"] == "ok" and checks["architecture"]["found"].endswith("not aarch64")
     assert [c["name"] for c in local["checks"]] == list(checks)  # every host gets every check
+
+
+# ------------------------------------------------------------ DeepGEMM's nvcc, as vLLM 0.34.0 finds it
+
+
+def _vllm_deep_gemm_probe():
+    """vLLM 0.34.0's own `_deep_gemm_nvcc_path` and `_nvcc_version`, executed from the released sdist's
+    utils/deep_gemm.py (the two functions and the constant they read, cut out by their syntax tree)."""
+    import ast
+    import re as re_module
+    import shutil as shutil_module
+    import subprocess as subprocess_module
+
+    from patchkit.sources import ArchiveCache
+    from patchkit.sources.release import open_release
+
+    source = open_release("vllm", "0.34.0", cache=ArchiveCache(), progress=False)
+    text = (source.read_many("vllm", ["utils/deep_gemm.py"])["utils/deep_gemm.py"] or b"").decode()
+    tree = ast.parse(text)
+    wanted = [n for n in tree.body if (isinstance(n, ast.FunctionDef) and n.name in ("_deep_gemm_nvcc_path", "_nvcc_version"))
+              or (isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "_DEFAULT_CUDA_HOME")]
+    assert len(wanted) == 3
+    namespace = {"os": os, "shutil": shutil_module, "re": re_module, "subprocess": subprocess_module}
+    exec(compile(ast.Module(body=wanted, type_ignores=[]), "vllm-0.34.0/vllm/utils/deep_gemm.py", "exec"), namespace)
+    return namespace["_deep_gemm_nvcc_path"], namespace["_nvcc_version"]
+
+
+def _old_toolkit(tmp_path: Path, release: str) -> Path:
+    """A CUDA home whose bin/nvcc answers as this machine's real nvcc 13.0 does, its release line changed
+    (hand-written stand-in: no older toolkit is installed here)."""
+    home = tmp_path / f"cuda-{release}"
+    (home / "bin").mkdir(parents=True)
+    said = recorded("this-machine", "nvcc-version").text.replace("release 13.0, V13.0.88", f"release {release}, V{release}.93")
+    (home / "bin" / "said.txt").write_text(said)
+    nvcc = home / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\ncat {home / 'bin' / 'said.txt'}\n")
+    nvcc.chmod(0o755)
+    return home
+
+
+@pytest.mark.network
+def test_deep_gemms_nvcc_is_found_as_vllm_0_34_finds_it(tmp_path, monkeypatch):
+    """The check resolves the nvcc vLLM 0.34.0's real code resolves, on this machine's real tools, in every
+    way the environment can steer it; it fails exactly where 0.34.0 would disable DeepGEMM."""
+    from patchkit.spark.checks import check_deep_gemm_nvcc
+    from patchkit.spark.commands import LocalCommands
+
+    nvcc_path, nvcc_version = _vllm_deep_gemm_probe()
+    old = _old_toolkit(tmp_path, "12.8")
+    for var in ("CUDA_HOME", "CUDA_PATH", "DG_JIT_NVCC_COMPILER", "DJ_JIT_NVCC_COMPILER"):
+        monkeypatch.delenv(var, raising=False)
+    cases = {
+        "this machine": {},
+        "CUDA_HOME at an old toolkit": {"CUDA_HOME": str(old)},
+        "CUDA_PATH at an old toolkit": {"CUDA_PATH": str(old)},
+        "CUDA_HOME that does not exist": {"CUDA_HOME": str(tmp_path / "absent")},
+        "DG_JIT_NVCC_COMPILER overriding an old home": {"CUDA_HOME": str(old), "DG_JIT_NVCC_COMPILER": shutil.which("nvcc")},
+        "DJ_JIT_NVCC_COMPILER at the old nvcc": {"DJ_JIT_NVCC_COMPILER": str(old / "bin" / "nvcc")},
+        "DG_JIT_NVCC_COMPILER not executable": {"DG_JIT_NVCC_COMPILER": str(old / "bin" / "said.txt")},
+    }
+    seen = {}
+    for case, env in cases.items():
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            path = nvcc_path()
+            enabled = path is not None and (nvcc_version(path) or (99, 0)) >= (12, 9)
+            check = check_deep_gemm_nvcc(LocalCommands(), None, "0.34.0")
+        assert check is not None
+        assert (check.level == "ok") is enabled, (case, check.found)
+        if path is not None:
+            assert os.path.realpath(path) in {os.path.realpath(p) for p in re.findall(r": (/\S+),", check.found)} or \
+                check.level == "fail", (case, path, check.found)
+        seen[case] = check
+    assert seen["this machine"].level == "ok" and "CUDA 13.0" in seen["this machine"].found
+    assert "older than 12.9" in seen["CUDA_HOME at an old toolkit"].found
+    assert "does not exist" in seen["CUDA_HOME that does not exist"].found
+    assert "DeepGEMM kernels are disabled" in seen["CUDA_PATH at an old toolkit"].found
+    assert "CUDA_HOME" in seen["CUDA_PATH at an old toolkit"].fix
+
+
+def test_deep_gemms_nvcc_is_checked_for_0_34_and_unknown_releases_only(monkeypatch):
+    from patchkit.spark.checks import DEEP_GEMM_NVCC
+
+    script = ("sh", "-c", DEEP_GEMM_NVCC)
+    said = "nvcc=/usr/local/cuda/bin/nvcc\n" + recorded("this-machine", "nvcc-version").text
+    ready = a_spark({script: Output(0, said)})
+    assert "nvcc (DeepGEMM)" not in by_name(check_host(ready, LAB, vllm="0.33.0"))
+    for vllm in ("0.34.0", None):
+        report = check_host(ready, LAB, vllm=vllm)
+        assert report.ok and by_name(report)["nvcc (DeepGEMM)"].found == \
+            "DeepGEMM's nvcc on this host: /usr/local/cuda/bin/nvcc, CUDA 13.0"
+    old = a_spark({script: Output(0, said.replace("release 13.0", "release 12.8"))})
+    assert failed(check_host(old, LAB, vllm="0.34.0")) == ["nvcc (DeepGEMM)"]
+    run = ("docker", "run", "--rm", "--entrypoint")
+    in_image = a_spark({(*run, "sh", STANDIN, "-c", DEEP_GEMM_NVCC): Output(3, "CUDA home /usr/local/cuda does not exist\n")})
+    check = by_name(check_host(in_image, LAB, image=STANDIN, vllm="0.34.0"))["nvcc (DeepGEMM)"]
+    assert check.level == "fail" and check.found.startswith(f"DeepGEMM's nvcc in {STANDIN}: CUDA home /usr/local/cuda does not exist")
+    assert "image that carries the CUDA 13 toolkit" in check.fix
+    assert_refused(run_patchkit("doctor", "--host", "--vllm", "zero.34"), "--vllm 'zero.34' is not a version")
+    assert_refused(run_patchkit("doctor", "x.log", "--vllm", "0.34.0"), "go with --host")

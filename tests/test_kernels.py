@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -134,3 +135,107 @@ def test_a_malformed_extension_is_refused_with_exit_2(tmp_path, damage):
         data[:4] = b"\0ELF"
     obj.write_bytes(bytes(data))
     assert_refused(run_patchkit("verify", "--kernels", "--wheel", str(_wheel_with(tmp_path, obj))), "_C_stable_libtorch")
+
+
+USAGE_KERNEL = """
+__global__ void glm_usage_kernel(float *x, int n) {
+  __shared__ float tile[2048];
+  float local[64];
+  for (int i = 0; i < 64; ++i) local[i] = x[(threadIdx.x * i) % n];
+  tile[threadIdx.x] = local[x[0] > 0 ? threadIdx.x % 64 : 0];
+  __syncthreads();
+  x[threadIdx.x] = tile[(threadIdx.x + 1) % 2048];
+}
+"""
+
+
+def test_the_usage_read_off_a_cubin_is_what_ptxas_reports(tmp_path):
+    """Registers, stack and static shared memory read from the fat binary's cubin (.nv.info records, the
+    .nv.shared section) agree with what ptxas itself printed compiling it (CUDA 13.0's, on PATH here)."""
+    from patchkit.verify.ptxas import parse
+
+    src = tmp_path / "u.cu"
+    src.write_text(USAGE_KERNEL)
+    obj = tmp_path / "u.o"
+    done = subprocess.run([_nvcc(), "-c", str(src), "-o", str(obj), "-Xptxas", "-v", "-Xfatbin=-compress-all",
+                           "-gencode=arch=compute_120f,code=sm_120f"], check=True, capture_output=True, text=True)
+    [reported] = parse(done.stdout + done.stderr, "ptxas")
+    [entry] = fatbin_entries(obj.read_bytes(), "u.o")
+    [(kernel, used)] = entry.usage.items()
+    assert kernel == reported.kernel == "_Z16glm_usage_kernelPfi"
+    assert (used.registers, used.stack, used.static_smem) == (reported.registers, reported.stack, reported.static_smem)
+    assert used.static_smem == 2048 * 4 and used.stack > 0
+
+
+@pytest.fixture(scope="module")
+def release_0_34_aarch64() -> Path:
+    return release_wheel("0.34.0", "aarch64", progress=False)
+
+
+@pytest.mark.network
+def test_flashkda_in_the_0_34_aarch64_wheel_carries_sm_120f_code_gb10_runs(release_0_34_aarch64):
+    """vLLM 0.34.0's default KDA prefill on 12.x: its aarch64 wheel's _flashkda_C carries sm_90a, sm_100f and
+    sm_120f cubins; the family code loads on GB10 (sm_121), and every kernel of it fits GB10's registers
+    and shared memory as its cubin records them."""
+    result = census(release_0_34_aarch64)
+    rows = {row.need.name: row for row in result.rows}
+    assert result.binaries["vllm/_flashkda_C.abi3.so"] == ["sm_100f", "sm_120f", "sm_90a"]
+    flashkda = rows["flashkda"]
+    assert set(flashkda.targets) == {"sm_90a", "sm_100f", "sm_120f"} and set(flashkda.loadable) == {"sm_120f"}
+    summary = flashkda.usage_summary()
+    assert summary is not None and summary["kernels"] == flashkda.loadable["sm_120f"]
+    assert 0 < summary["max_registers"] <= 255 and summary["max_static_smem_bytes"] <= 101_376
+    assert summary["over_gb10_limits"] == [] and flashkda.ok
+    out = run_patchkit("verify", "--kernels", "--wheel", str(release_0_34_aarch64), "--json", timeout=900)
+    assert out.code == 0, out.output[-2000:]
+    assert '"need": "flashkda"' in out.stdout and '"usage_on_sm121"' in out.stdout
+
+
+def test_a_loadable_kernel_over_gb10s_limits_fails_its_row():
+    """No compile can make one (ptxas caps registers at 255 and static shared memory at 48 KiB), so the
+    guard is shown on usage values as a cubin would carry them: over either limit, the row is not ok."""
+    from patchkit.verify.kernels import GB10_MAX_REGISTERS, GB10_MAX_SMEM, Row, Usage
+
+    need = next(n for n in NEEDS if n.name == "flashkda")
+    fits = Row(need, {"sm_120f": 1}, {"sm_120f": 1}, {"sm_120f k": Usage(GB10_MAX_REGISTERS, 0, GB10_MAX_SMEM)})
+    assert fits.ok and fits.over_limits == []
+    for used in (Usage(GB10_MAX_REGISTERS + 1, 0, 0), Usage(64, 0, GB10_MAX_SMEM + 1)):
+        row = Row(need, {"sm_120f": 1}, {"sm_120f": 1}, {"sm_120f k": used})
+        assert not row.ok and row.over_limits == ["sm_120f k"] and row.usage_summary()["over_gb10_limits"] == ["sm_120f k"]
+
+
+CUOBJDUMP = "nvidia-cuda-cuobjdump==13.2.51"  # the oldest CUDA 13 cuobjdump on the package index (no 13.0 there)
+
+
+@pytest.fixture(scope="module")
+def cuobjdump(tmp_path_factory) -> Path:
+    """NVIDIA's cuobjdump from its package-index wheel (this machine's CUDA 13.0 toolkit carries none)."""
+    where = tmp_path_factory.mktemp("cuobjdump")
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(where), CUOBJDUMP],
+                   check=True, capture_output=True, timeout=300)
+    [wheel] = where.glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        z.extract("nvidia/cu13/bin/cuobjdump", where)
+    tool = where / "nvidia/cu13/bin/cuobjdump"
+    tool.chmod(0o755)
+    return tool
+
+
+@pytest.mark.network
+def test_flashkdas_usage_read_off_its_cubins_is_what_cuobjdump_reports(release_0_34_aarch64, cuobjdump, tmp_path):
+    """Every sm_120f kernel of the 0.34.0 aarch64 wheel's _flashkda_C: registers, stack and shared memory as
+    NVIDIA's `cuobjdump --dump-resource-usage` prints them (its SHARED counts the 1 KiB reserve the census
+    leaves out, as ptxas does)."""
+    import re
+
+    so = tmp_path / "_flashkda_C.abi3.so"
+    with zipfile.ZipFile(release_0_34_aarch64) as wheel:
+        so.write_bytes(wheel.read("vllm/_flashkda_C.abi3.so"))
+    [entry] = [e for e in fatbin_entries(so.read_bytes(), so.name) if e.target == "sm_120f"]
+    done = subprocess.run([str(cuobjdump), "--dump-resource-usage", "--gpu-architecture", "sm_120f", str(so)],
+                          check=True, capture_output=True, text=True, timeout=300)
+    reported = re.findall(r"Function (\S+):\n\s+REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:\d+", done.stdout)
+    assert len(reported) == len(entry.usage) == 132
+    for kernel, registers, stack, shared in reported:
+        used = entry.usage[kernel]
+        assert (used.registers, used.stack, used.static_smem + 1024) == (int(registers), int(stack), int(shared)), kernel

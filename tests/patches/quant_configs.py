@@ -118,8 +118,13 @@ TINY_TEXT_CONFIG = {
 
 
 def probe_prelude() -> str:
-    """Code that makes this module importable inside a probe subprocess."""
-    return f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+    """Code that makes this module importable inside a probe subprocess, before vLLM is imported.
+
+    CUDA_VISIBLE_DEVICES empty (unless set): vLLM's "driver not up yet" case, which keeps the installed
+    Triton on without a GPU driver. From 0.34.0 the x86 CPU platform refuses to build a VllmConfig
+    without Triton (platforms/cpu.py:241-243; 0.33.0 only warned), and Glm5NextOnCpu builds several."""
+    return ("import os, sys\nos.environ.setdefault('CUDA_VISIBLE_DEVICES', '')\n"
+            f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n")
 
 
 def glm_module(name: str):

@@ -7,7 +7,7 @@ does: `parse` (non-streaming) and `parse_delta` one token per delta (streaming).
 `</think>` in an argument are hand-written (tests/data/glm53/outputs.json says so): no public GLM-5.3
 stream with the token there is recorded.
 
-Stock, on every release 0.30.0-0.33.0: the streamed arguments keep the `</think>` that the parsed ones
+Stock, on every release 0.30.0-0.34.0: the streamed arguments keep the `</think>` that the parsed ones
 drop. Patched: both ways give the same arguments, which parse as JSON; the ordinary outputs split as
 recorded.
 """

@@ -11,7 +11,7 @@ tests/entrypoints/openai/chat_completion/test_serving_chat.py builds one for its
 engine can run here. The answer with no `</think>` is hand-written (the sglang issue #37645 shape: the
 issue gives counts, not text); the split and tool-call outputs are tests/data/glm53/outputs.json's.
 
-Stock, on every release 0.30.0-0.33.0, streaming and not: the answer comes back as reasoning, content null.
+Stock, on every release 0.30.0-0.34.0, streaming and not: the answer comes back as reasoning, content null.
 Patched: as content, finish "stop" (non-streaming with reasoning null; streamed, in the finish chunk after
 the reasoning deltas already sent). A `max_tokens` cut, a client's stop string, a real split, a tool call
 and another parser's output are what stock gives.

@@ -32,7 +32,10 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.vllm
 
 H, NOPE = 4, 256
-ENV = {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+# CUDA_VISIBLE_DEVICES empty: vLLM's "driver not up yet" case, which keeps the installed Triton on
+# without a GPU driver; from 0.34.0 the x86 CPU platform refuses to build a config without Triton
+# (platforms/cpu.py:241-243), and this probe builds one.
+ENV = {"HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""}
 
 PROBE = CPU_SILU_AND_MUL + r'''
 import json, os, tempfile
@@ -64,7 +67,7 @@ with open(os.path.join(ckpt, "config.json"), "w") as f:
 import vllm.platforms.cpu as cpu_platform
 import vllm.utils.flashinfer as vllm_flashinfer
 from vllm.config import (CacheConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig,
-                         set_current_vllm_config)
+                         get_current_vllm_config, set_current_vllm_config)
 from vllm.distributed import init_distributed_environment, initialize_model_parallel
 from vllm.model_executor.model_loader.utils import initialize_model
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -101,6 +104,15 @@ def logits(attn):
     return (qk * attn.scaling).tolist()
 
 
+def kv_row_bytes(mla):
+    """The bytes a token's fp8_ds_mla cache row takes: the layer's own KV cache spec (0.34.0's SM120
+    impl chooses 528 for a rope-free head, earlier releases always 656)."""
+    try:
+        return mla.get_kv_cache_spec(get_current_vllm_config()).state_content_bytes
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+
+
 def describe(attn):
     mla = attn.mla_attn.mla_attn
     rope = attn.qk_rope_head_dim
@@ -116,6 +128,7 @@ def describe(attn):
         "q_b_rope_rows": q_b_rows[:, NOPE:].abs().sum().item() if rope else None,
         "kv_a_latent_rows_equal": torch.equal(kv_a_rows[:KV_LORA], kv_a),
         "kv_a_rope_rows": kv_a_rows[KV_LORA:].abs().sum().item() if rope else None,
+        "kv_row_bytes": kv_row_bytes(mla),
     }
 
 
@@ -232,11 +245,58 @@ print(json.dumps(result))
 '''
 
 
-stock, patched = probe_fixtures(PROBE, ENV)
+stock_run, patched_run = probe_fixtures(PROBE, ENV)
+
+
+def _patch():
+    from probes import patches_under_test
+
+    return patches_under_test().patch("nope-mla-pad")
+
+
+@pytest.fixture(scope="module")
+def in_range(vllm_release):
+    """The pad's own behaviour is asked only where it is carried: from 0.34.0 its range has ended
+    (retired: the native 528-byte NoPE row, test_native_nope_rows_retire_the_pad)."""
+    if not _patch().ranges["vllm"].contains(vllm_release):
+        pytest.skip(f"nope-mla-pad is retired on vLLM {vllm_release} (out of its range "
+                    f"{_patch().ranges['vllm']}; patch.toml says why)")
+
+
+@pytest.fixture(scope="module")
+def stock(in_range, stock_run):
+    return stock_run
+
+
+@pytest.fixture(scope="module")
+def patched(in_range, patched_run):
+    return patched_run
 
 
 def _layers(run):
     return {"target": run["target"], "draft": run["draft"]}
+
+
+def test_native_nope_rows_retire_the_pad(stock_run, patched_run, vllm_release):
+    """Why the range ends before 0.34.0, from each release's own KV cache spec (the SM120 impl as
+    selected on 12.x, fp8_ds_mla). Up to 0.33.0 stock gives a rope-free layer the padded 656-byte row
+    anyway, so the pad costs no KV memory there; 0.34.0 gives it the native 528-byte row
+    (FlashInferMLASparseSM120Impl.get_fp8_ds_mla_row_bytes), which the pad would grow back to 656
+    and whose unpadded q_b/kv_a shapes are what the SM121 skinny-GEMM plans are written for. There
+    the patch is not carried: the recipes' VLLM_MLA_NOPE_PAD_ROPE=1 changes nothing."""
+    for run in (stock_run["gate_off"], patched_run["gate_off"]):
+        for name, layer in _layers(run).items():
+            assert (layer["impl"], layer["head_size"], layer["impl_rope"]) == (
+                "FlashInferMLASparseSM120Impl", 512, 0), name
+    rows = {name: layer["kv_row_bytes"] for name, layer in _layers(stock_run["gate_off"]).items()}
+    if _patch().ranges["vllm"].contains(vllm_release):
+        assert rows == {"target": 656, "draft": 656}
+        assert {n: la["kv_row_bytes"] for n, la in _layers(patched_run["gate_on"]).items()} == rows
+        return
+    assert rows == {"target": 528, "draft": 528}
+    gated = patched_run["gate_on"]
+    assert gated["config"] == {"target": [0, 512], "draft": ["glm5_next_mtp", 0, 512]}
+    assert gated == stock_run["gate_on"] and patched_run["direct_hook"] is None
 
 
 def test_gate_pads_target_and_draft_config(stock, patched):

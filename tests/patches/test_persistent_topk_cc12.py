@@ -1,4 +1,4 @@
-"""persistent-topk-cc12: settled per stack. Upstreamed on releases 0.30.0-0.33.0 (their persistent_topk
+"""persistent-topk-cc12: settled per stack. Upstreamed on releases 0.30.0-0.34.0 (their persistent_topk
 kernel falls back on low-shared-memory GPUs such as GB10), kept for the pinned base's nightly, whose
 source predates that fallback.
 
@@ -24,6 +24,7 @@ import sys
 import tarfile
 
 import pytest
+from packaging.version import Version
 
 from conftest import VllmTree
 from probes import LAYOUT_030, probe_fixtures
@@ -46,7 +47,7 @@ from vllm.platforms.interface import DeviceCapability
 
 platform = type(current_platform)
 platform.is_cuda = lambda self: True
-out = {}
+out, bf16_out = {}, {}
 kpool = os.path.join(vllm.__path__[0], "model_executor", "layers", "sparse_attn_indexer_kpool.py")
 if os.path.exists(kpool):  # 0.30 layout: the kpool indexer's own condition, from its source
     tree = ast.parse(open(kpool, encoding="utf-8").read())
@@ -69,11 +70,26 @@ for major, minor in CAPABILITIES:
                 chosen[f"{backend}/{rows}"] = indexer_topk.get_indexer_topk(backend).resolve_backend(logits, SELECT_K, rows)
             except RuntimeError as e:
                 chosen[f"{backend}/{rows}"] = f"refused: {e}"
+            # 0.34.0 on: whether this call would hand bf16 logits to the top-k (its bf16
+            # persistent_topk needs 128 KiB of shared memory, more than GB10 has)
+            topk = indexer_topk.get_indexer_topk(backend)
+            if hasattr(topk, "takes_bf16_logits"):
+                bf16 = torch.zeros(rows, 4096, dtype=torch.bfloat16)
+                try:
+                    taken = topk.takes_bf16_logits(bf16, SELECT_K, rows)
+                except RuntimeError as e:
+                    taken = f"refused: {e}"
+                bf16_out.setdefault(f"{major}.{minor}", {})[f"{backend}/{rows}"] = taken
     out[f"{major}.{minor}"] = chosen
-print(json.dumps(out))
+print(json.dumps({"chosen": out, "bf16": bf16_out}))
 '''.replace("SELECT_K", str(SELECT_K)).replace("CAPABILITIES", repr(CAPABILITIES))
 
-stock, _patched = probe_fixtures(PROBE)
+stock_probe, _patched = probe_fixtures(PROBE)
+
+
+@pytest.fixture(scope="module")
+def stock(stock_probe):
+    return stock_probe["chosen"]
 
 
 def _patch():
@@ -110,7 +126,7 @@ def nightly_tree(tmp_path_factory, vllm_release):
 
 @pytest.fixture(scope="module")
 def guarded(nightly_tree):
-    return VllmTree(root=nightly_tree[0], python=sys.executable).run(PROBE)
+    return VllmTree(root=nightly_tree[0], python=sys.executable).run(PROBE)["chosen"]
 
 
 def test_release_stamp_marks_it_upstreamed_and_the_nightly_gets_the_guards(nightly_tree, vllm_release):
@@ -148,6 +164,20 @@ def test_released_kernel_plans_for_low_shared_memory(vllm_release):
     assert fallback, "the low-shared-memory fallback to top_k_per_row_decode"
     medium = re.search(r"constexpr size_t kSmemMedium =\s*[^;]+;\s*//\s*(\d+)", header)
     assert medium and int(medium.group(1)) < GB10_OPTIN_SMEM
+    if "typename InT" in topk:  # 0.34.0 on: one kernel per logits type; only bf16 asks for 128 KiB
+        assert re.search(r"sizeof\(InT\) == sizeof\(float\) \|\| max_smem_per_block >= 128 \* 1024", topk)
+
+
+def test_stock_never_hands_bf16_logits_to_the_top_k_on_sm12x(stock_probe, vllm_release):
+    """0.34.0's bf16 persistent_topk needs 128 KiB (GB10 has 101,376 B): vLLM's own dispatcher must
+    never send bf16 logits there on 12.x, while 10.x takes them (so the probe can tell)."""
+    bf16 = stock_probe["bf16"]
+    if not bf16:
+        assert vllm_release < Version("0.34"), "SparseIndexerTopk.takes_bf16_logits is gone: read the kernel again"
+        pytest.skip(f"vLLM {vllm_release} has no bf16 top-k hand-off (0.34.0 brought it)")
+    for capability in ("12.1", "12.0"):
+        assert set(bf16[capability].values()) == {False}, bf16[capability]
+    assert True in bf16["10.0"].values(), bf16["10.0"]
 
 
 def test_stock_dispatch_takes_persistent_topk_on_sm12x(stock):

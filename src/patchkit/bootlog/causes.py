@@ -20,7 +20,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from patchkit.bootlog.markers import ANSI, PHASES, log_lines, shown
+from patchkit import SUPPORTED_VLLM
+from patchkit.bootlog.markers import ANSI, PHASES, log_lines, releases_since, shown
 
 # What gives a phase that ran out of unified memory its headroom (one wording for every memory kill).
 _HEADROOM = ("give that phase headroom on every node: drop the page cache and close other processes, lower "
@@ -43,10 +44,28 @@ class Cause:
     # False: the line also appears in boots that survive it (allocation probes, allocator retries), so it
     # is the cause only of a boot that never came up.
     definitive: bool = True
+    # The releases whose sources carry `literal` (tests/test_markers.py greps each); () with `record`.
+    releases: tuple[str, ...] = SUPPORTED_VLLM
+    topic: str = "memory"  # the finding a survived non-definitive line becomes (judge.py)
 
 
-def _c(name, pattern, sample, what, fix, literal="", files=(), record="", retry_after_s=None, definitive=True):
-    return Cause(name, re.compile(pattern), sample, what, fix, literal, tuple(files), record, retry_after_s, definitive)
+def _c(name, pattern, sample, what, fix, literal="", files=(), record="", retry_after_s=None, definitive=True,
+       releases=SUPPORTED_VLLM, topic="memory"):
+    return Cause(name, re.compile(pattern), sample, what, fix, literal, tuple(files), record, retry_after_s, definitive,
+                 tuple(releases), topic)
+
+
+# Every release from 0.30.0 to 0.34.0 picks FlashKDA for KDA prefill on 12.x by default and imports its
+# extension unguarded (models/glm5next/{nvidia,common}/kda.py: _resolve_kda_prefill_backend, `import
+# vllm._flashkda_C`); the engine argument that takes the Triton kernel instead (engine/arg_utils.py).
+_KDA_TRITON = ("serve with `--kda-prefill-backend triton` (vLLM's engine argument: KDA prefill on the Triton "
+               "kernel instead of FlashKDA); then check the wheel's FlashKDA code with `patchkit verify --kernels "
+               "--platform aarch64 --versions 0.34.0` (sm_120f cubins in vllm/_flashkda_C.abi3.so)")
+_KDA_FILES = ("vllm/models/glm5next/common/kda.py", "vllm/models/glm5next/nvidia/kda.py")  # 0.31.0 on / 0.30.0
+# DeepGEMM's JIT is what the GLM sparse indexer's logits run on (models/glm5next/nvidia/sparse_indexer.py).
+_NVCC13 = ("install the CUDA 13 toolkit (nvcc 13.0; DeepGEMM needs 12.9 or newer) where vLLM runs, on the host for "
+           "the wheel path or in the image, and point CUDA_HOME at it (vLLM 0.34.0 looks at CUDA_HOME, CUDA_PATH, "
+           "the nvcc on PATH, then /usr/local/cuda); `patchkit doctor --host --vllm 0.34.0` checks it before a boot")
 
 
 # Order matters: a specific root cause wins over the generic engine-death lines that follow it.
@@ -108,6 +127,33 @@ CAUSES: tuple[Cause, ...] = (
        "layer: add it to the quant config's ignore list, or give it its packed mapping (packed-modules-4p67) "
        "or its quant-config key, and check `patchkit preflight` on the checkpoint",
        literal=" was never loaded ", files=["vllm/model_executor/layers/quantization/modelopt.py"]),
+    # FlashKDA's extension cannot be imported: not built into this wheel (`No module named`), or its shared
+    # object does not load (the loader's `<path>/_flashkda_C.abi3.so: <reason>`: a missing CUDA library, an
+    # ABI mismatch). A traceback through the unguarded import shows its source line first.
+    _c("flashkda-import",
+       r"import vllm\._flashkda_C\b|No module named 'vllm\._flashkda_C'|_flashkda_C\.abi3\.so: ",
+       "(EngineCore_DP0 pid=212) ERROR 12-04 10:00:00 [core.py:1584] ModuleNotFoundError: No module named 'vllm._flashkda_C'",
+       "vLLM chose FlashKDA for KDA prefill (its default on compute capability 9.x, 10.x and 12.x) and its "
+       "extension vllm._flashkda_C failed to import; the import has no fallback to the Triton kernel",
+       _KDA_TRITON, literal="import vllm._flashkda_C", files=_KDA_FILES, releases=releases_since("0.30.0")),
+    # FlashKDA imported but its ops failed: the workspace query at layer construction or the prefill launch
+    # (the traceback's source line in kda.py), or a library that registered no ops (torch's _OpNamespace).
+    _c("flashkda-launch",
+       r"torch\.ops\._flashkda_C\.(?:fwd|get_workspace_size)\(|'_OpNamespace' '_flashkda_C' object has no attribute",
+       "(EngineCore_DP0 pid=212) ERROR 12-04 10:00:00 [core.py:1584]     torch.ops._flashkda_C.fwd(",
+       "a FlashKDA op raised (vLLM's default KDA prefill on 12.x): its kernel launch or workspace query failed, "
+       "e.g. no code for this GPU in vllm/_flashkda_C.abi3.so, or (0.34.0) the row-strided q/k/v it is now given",
+       _KDA_TRITON, literal="torch.ops._flashkda_C.fwd(", files=_KDA_FILES, releases=releases_since("0.30.0")),
+    # Logged once when DeepGEMM is switched off for want of nvcc; the GLM sparse indexer still calls it, so on
+    # this model the boot fails later (or a surviving boot runs without DeepGEMM).
+    _c("deep-gemm-disabled", r"DeepGEMM kernels are disabled: ",
+       "(EngineCore_DP0 pid=212) WARNING 12-04 10:00:00 [deep_gemm.py:160] DeepGEMM kernels are disabled: DeepGEMM "
+       "JIT-compiles its kernels with nvcc, which is missing (CUDA_HOME, CUDA_PATH, PATH or /usr/local/cuda). Set "
+       "CUDA_HOME to a CUDA toolkit to enable them.",
+       "vLLM 0.34.0 disabled DeepGEMM because nvcc is missing or older than 12.9 (only a warning), while the GLM "
+       "sparse indexer's logits kernels are DeepGEMM's and are JIT-compiled with nvcc",
+       _NVCC13, literal="DeepGEMM kernels are disabled: ", files=["vllm/utils/deep_gemm.py"],
+       releases=releases_since("0.34.0"), definitive=False, topic="deep gemm"),
     _c("worker-died", r"Worker proc \S++ died unexpectedly",
        "Worker proc VllmWorker-0 died unexpectedly (exit code: None)",
        "a worker process died without a Python traceback (on GB10 usually the CUDA context killed by an "

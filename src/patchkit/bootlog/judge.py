@@ -16,13 +16,26 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 
-from patchkit.bootlog.causes import CauseReader, Found
+from patchkit.bootlog.causes import CAUSE, CauseReader, Found
 from patchkit.bootlog.markers import ANSI, KEEP_FIRST, BootMarkers, log_lines, read_line
 from patchkit.untrusted import limit_of
 from patchkit.variants.definitions import Variant
 
 # A mean acceptance length this close to 1 means the target rejects (almost) every drafted token.
 _REJECTS_ALL = 1.05
+# Below this an MTP draft gains less than one token in two drafts: GLM-5.3's MTP head, loaded, accepts 2.3-3.5
+# on the public Spark boots (docs/field-records.md); one with its weights missing drafts noise.
+_SILENT_DRAFT = 1.5
+# vLLM 0.34.0 dropped the MTP loader's check that every draft layer's weights were in the checkpoint
+# (models/glm5next/common/mtp.py; 0.30-0.33 raised "MTP speculative decoding layer N weights missing from
+# checkpoint."): a draft that loaded nothing boots without a word and shows only in its drafts.
+SILENT_MTP = ("a silent MTP draft load: vLLM 0.34.0's MTP loader no longer reports a draft layer whose weights were "
+              "not loaded (models/glm5next/common/mtp.py dropped 'weights missing from checkpoint'), so the draft "
+              "runs on uninitialised weights; check the checkpoint's MTP tensors with `patchkit preflight CHECKPOINT "
+              "--variant V` and the draft's names (modelopt-mtp-namespace)")
+# The MTP draft's modules: built with prefix "" (models/glm5next/common/mtp.py), so its quantprobe rows are
+# `model.layers.N...`, the target's `language_model.model.layers.N...`.
+_DRAFT_PREFIX = "model.layers."
 # A weight load slower than this is the HF-cache safetensors path at its usual GB10 speed (700-780 s for
 # ~90 GiB per rank in the public boots), where instanttensor reads the same checkpoint in tens of seconds
 # (a public Spark record: 164 GB in 37.2 s against ~507 s; docs/field-records.md, shared field notes).
@@ -98,7 +111,9 @@ def judge_log(log: str | Iterable[tuple[str, bool]], variant: Variant | None, qu
     if booted and markers.phase != "serving" and not causes:
         causes = [reader.unexplained_end(markers.phase, process)]
     findings = judge_boot(markers, causes, excs, variant, quantprobe, booted=booted) + _load_time(markers, extras)
-    findings += [Finding("warn", "memory", f"{c.cause} seen (line {c.line_no}: {c.line}) but the boot survived it")
+    findings += [Finding("warn", CAUSE[c.cause].topic, f"{c.cause} seen (line {c.line_no}: {c.line}) but the boot "
+                         f"survived it; {c.what}; fix: {c.fix}" if CAUSE[c.cause].topic != "memory" else
+                         f"{c.cause} seen (line {c.line_no}: {c.line}) but the boot survived it")
                  for c in seen if c not in causes]
     if cut_count:
         limit = limit_of("log-line")
@@ -133,7 +148,11 @@ def _quantprobe(markers: BootMarkers, variant: Variant, quantprobe: bool | None)
     out = []
     for row in rows:
         got = seen.get(row.prefix)
-        if got is None:
+        if got is None and row.prefix.startswith(_DRAFT_PREFIX) and markers.spec_method == "mtp":
+            out.append(Finding("fail", "quantprobe", f"{row.prefix}: no quantprobe line for this MTP draft layer while "
+                               f"the other layers printed theirs: the draft's layers were not built under the names "
+                               f"its checkpoint loads into; {SILENT_MTP}"))
+        elif got is None:
             out.append(Finding("warn", "quantprobe", f"{row.prefix}: no quantprobe line for this prefix"))
         elif (got.layer, got.algo) != (row.layer, row.algo):
             broken = " (broken load: the layer got no quantized method)" if got.algo == "None" else ""
@@ -170,15 +189,43 @@ def _speculative(markers: BootMarkers, variant: Variant | None) -> list[Finding]
 
 
 def _acceptance(markers: BootMarkers, k: int | None, band: tuple[float, float] | None) -> list[Finding]:
-    """The mean acceptance length over every SpecDecoding interval (k: tokens per draft), against `band`."""
+    """The mean acceptance length over every SpecDecoding interval (k: tokens per draft), against `band`. An
+    MTP draft far below any loaded one fails as a silent draft load (vLLM 0.34.0 no longer refuses one)."""
     mean = markers.overall_acceptance(k)
     if mean is None:  # no interval yet
         return [Finding("warn", "acceptance", "no SpecDecoding metrics line yet (vLLM logs one per interval under traffic)")]
+    mtp = markers.spec_method == "mtp"
+    if mtp and mean < _SILENT_DRAFT:
+        return [Finding("fail", "acceptance", f"mean acceptance length {mean:.2f} over {markers.intervals} intervals "
+                        f"({markers.accepted_total} of {markers.drafted_total} drafted tokens accepted), below "
+                        f"{_SILENT_DRAFT} for an MTP draft: {SILENT_MTP}")]
     if mean <= _REJECTS_ALL:
         return [Finding("fail", "acceptance", f"mean acceptance length {mean:.2f}: the target rejects the drafts (a broken drafter)")]
     if band and not band[0] <= mean <= band[1]:
         return [Finding("warn", "acceptance", f"mean acceptance length {mean:.2f} over {markers.intervals} intervals; the reference boot gave {band[0]}-{band[1]}")]
     return [Finding("ok", "acceptance", f"mean acceptance length {mean:.2f} over {markers.intervals} intervals")]
+
+
+def judge_spec_counters(counts, method: str | None) -> list[Finding]:
+    """The smoke's reading of vLLM's /metrics speculative counters (smoke/spec_metrics.py: a SpecCounts, None
+    when the server exposes none, or why they could not be read) for a variant serving `method`."""
+    if not method:
+        return []
+    if isinstance(counts, str) or counts is None:
+        said = counts or "the server exposes no vllm:spec_decode counters"
+        return [Finding("warn", "acceptance (metrics)", f"{said}: the draft's acceptance was not read from /metrics")]
+    mean = counts.mean_acceptance_length
+    tally = f"{counts.accepted} of {counts.draft_tokens} drafted tokens accepted over {counts.drafts} drafts (/metrics)"
+    if mean is None:
+        return [Finding("fail", "acceptance (metrics)", f"the {method} speculator made no draft although the smoke's "
+                        f"requests were answered ({tally})" + (f": {SILENT_MTP}" if method == "mtp" else ""))]
+    if method == "mtp" and mean < _SILENT_DRAFT:
+        return [Finding("fail", "acceptance (metrics)", f"mean acceptance length {mean:.2f}, {tally}, below "
+                        f"{_SILENT_DRAFT} for an MTP draft: {SILENT_MTP}")]
+    if mean <= _REJECTS_ALL:
+        return [Finding("fail", "acceptance (metrics)", f"mean acceptance length {mean:.2f}, {tally}: the target "
+                        "rejects the drafts (a broken drafter)")]
+    return [Finding("ok", "acceptance (metrics)", f"mean acceptance length {mean:.2f}, {tally}")]
 
 
 def judge_boot(markers: BootMarkers, causes: list[Found], excs: list[str], variant: Variant | None,

@@ -19,6 +19,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from packaging.version import Version
+
 from patchkit import SUPPORTED_VLLM
 from patchkit.untrusted import limit_of
 from patchkit.variants.definitions import ProbeRow
@@ -37,6 +39,22 @@ class Marker:
 
 def _m(name, pattern, literal, files, sample, releases=SUPPORTED_VLLM, record=""):
     return Marker(name, re.compile(pattern), literal, tuple(files), tuple(releases), sample, record)
+
+
+def releases_before(release: str) -> tuple[str, ...]:
+    """The supported releases older than `release`: a line `release` stopped printing."""
+    return tuple(v for v in SUPPORTED_VLLM if Version(v) < Version(release))
+
+
+def releases_since(release: str) -> tuple[str, ...]:
+    """The supported releases from `release` on, and `release` itself while it is not yet among them (a
+    release whose lines are read before the series claims it)."""
+    return tuple(sorted({v for v in SUPPORTED_VLLM if Version(v) >= Version(release)} | {release}, key=Version))
+
+
+# vLLM 0.34.0 removed the V1 GPU model runner (v1/worker/gpu_model_runner.py, VLLM_USE_V2_MODEL_RUNNER): the
+# V2 runner's banner and the V1 runner's drafter lines are printed by 0.30.0-0.33.0 only.
+_V1_RUNNER_GONE = "0.34.0"
 
 
 MARKERS: tuple[Marker, ...] = (
@@ -64,7 +82,7 @@ MARKERS: tuple[Marker, ...] = (
        ["vllm/v1/core/kv_cache_utils.py"],
        "(EngineCore pid=1892) INFO 09-01 04:35:41 [kv_cache_utils.py:2570] GPU KV cache size: 1,942,028 tokens, Maximum concurrency for 1,000,000 tokens per request: 1.94x"),
     _m("v2-runner", r"Using V2 Model Runner", "Using V2 Model Runner", ["vllm/v1/worker/gpu_worker.py"],
-       "gpu_worker.py:500  Using V2 Model Runner"),
+       "gpu_worker.py:500  Using V2 Model Runner", releases=releases_before(_V1_RUNNER_GONE)),
     _m("architecture", r"Resolved architecture: (\w+)", "Resolved architecture: %s", ["vllm/config/model.py"],
        "(APIServer pid=1) INFO [model.py:679] Resolved architecture: Glm5NextMTPModel"),
     # The engine banner carries SpeculativeConfig.__repr__: f"SpeculativeConfig({method=}, {model=}, {num_spec_tokens=})".
@@ -78,9 +96,11 @@ MARKERS: tuple[Marker, ...] = (
        ["vllm/config/vllm.py"], "tensor_parallel_size=2, speculative_config=None, tokenizer='m'"),
     # V1 model runner only: the V2 runner (the default since 0.29) prints neither line.
     _m("mtp-v1", r"Detected MTP model", "Detected MTP model. ", ["vllm/v1/spec_decode/llm_base_proposer.py"],
-       "(Worker_TP0 pid=245) INFO 08-28 14:14:26 [llm_base_proposer.py:1505] Detected MTP model. Sharing target model embedding weights with the draft model."),
+       "(Worker_TP0 pid=245) INFO 08-28 14:14:26 [llm_base_proposer.py:1505] Detected MTP model. Sharing target model embedding weights with the draft model.",
+       releases=releases_before(_V1_RUNNER_GONE)),
     _m("drafter-v1", r"Loading drafter model", "Loading drafter model...", ["vllm/v1/worker/gpu_model_runner.py"],
-       "(EngineCore pid=7476) INFO 07-25 13:42:16 [gpu_model_runner.py:5233] Loading drafter model..."),
+       "(EngineCore pid=7476) INFO 07-25 13:42:16 [gpu_model_runner.py:5233] Loading drafter model...",
+       releases=releases_before(_V1_RUNNER_GONE)),
     # V2 runner: printed when the drafter's CUDA graphs are captured (capture_model; an eager boot skips
     # it). The DFlash speculator names itself ("DFlash2"); the MTP and autoregressive ones print fixed words.
     _m("speculator-capture", r"^(?>.*?Capturing model for )(.*?) ?speculator\.\.\.", "Capturing model for %s speculator...",

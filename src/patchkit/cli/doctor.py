@@ -116,14 +116,14 @@ def _doctor_serving(url: str, model: str | None, variant, images_dir, as_json) -
     sys.exit(0 if ok else 1)
 
 
-def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, images_dir, as_json) -> None:
+def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, vllm, images_dir, as_json) -> None:
     from patchkit.spark.checks import check_host
     from patchkit.spark.commands import commands_for
     from patchkit.variants.definitions import find_variant
 
     chosen = find_variant(variant, images_dir) if variant else None
     runners = [commands_for(h) for h in hosts]  # every --host parsed before any command runs
-    reports = [check_host(r, chosen, image, checkpoint, kv_cache_dtype) for r in runners]
+    reports = [check_host(r, chosen, image, checkpoint, kv_cache_dtype, vllm) for r in runners]
     ok = all(r.ok for r in reports)
     if as_json:
         click.echo(json.dumps({"ok": ok, "variant": chosen.name if chosen else None,
@@ -144,6 +144,8 @@ def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, images_dir,
 @click.option("--image", help="With --host: check nvcc and the arch variables in this image (docker run on the host).")
 @click.option("--checkpoint", help="With --host: the checkpoint's path, which must hold its files on every host.")
 @click.option("--kv-cache-dtype", help="With --host: the KV-cache dtype to check (default: the variant's).")
+@click.option("--vllm", "vllm_version", metavar="VERSION", help="With --host: the vLLM release to be served (default: "
+              "unknown, held to 0.34.0's rules: DeepGEMM's nvcc, resolved as vLLM does, at 12.9 or newer).")
 @click.option("--variant", help="Judge against this variant's expectations (quantprobe, speculator, KV pool, weights); "
               "with --host, hold the hosts to its per-rank memory need and KV-cache dtype.")
 @click.option("--quantprobe/--no-quantprobe", default=None,
@@ -155,8 +157,8 @@ def _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, images_dir,
 @patches_option
 @images_option
 @json_option
-def doctor(log, hosts, serving, model, image, checkpoint, kv_cache_dtype, variant, quantprobe, booted, patches_dir, images_dir,
-           as_json):
+def doctor(log, hosts, serving, model, image, checkpoint, kv_cache_dtype, vllm_version, variant, quantprobe, booted,
+           patches_dir, images_dir, as_json):
     """Why did this boot fail (or did it)? Judge a recorded vLLM boot log (LOG, or - for stdin); or, with
     --host, is this Spark ready for its first serve; or, with --serving, does a running server split
     reasoning and tool calls right?"""
@@ -169,11 +171,11 @@ def doctor(log, hosts, serving, model, image, checkpoint, kv_cache_dtype, varian
     if hosts:
         if log is not None:
             raise PatchkitError(f"give a LOG or --host, not both (LOG {log!r})")
-        return _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, images_dir, as_json)
+        return _doctor_hosts(hosts, variant, image, checkpoint, kv_cache_dtype, vllm_version, images_dir, as_json)
     if log is None:
         raise PatchkitError("give a LOG to judge (or - for stdin), or --host to check a host")
-    if image or checkpoint or kv_cache_dtype:
-        raise PatchkitError("--image, --checkpoint and --kv-cache-dtype go with --host")
+    if image or checkpoint or kv_cache_dtype or vllm_version:
+        raise PatchkitError("--image, --checkpoint, --kv-cache-dtype and --vllm go with --host")
     from patchkit.bootlog.judge import judge_log
     from patchkit.variants.definitions import find_variant
 

@@ -2,7 +2,8 @@
 
 Each command parses its arguments, calls the library and renders a rich table or --json:
 cli/patching.py (list, check, diff, apply, revert, status), cli/upstream.py (rebase, record, upstream,
-retire, bump), cli/build.py (build, mirrors), cli/variants.py (preflight, serve-args, smoke), cli/doctor.py,
+retire, bump), cli/build.py (build, mirrors), cli/variants.py (preflight, serve-args, smoke), cli/image_proof.py
+(smoke-image), cli/doctor.py,
 cli/verify.py, cli/wheel.py, cli/schemas.py.
 
 Exit codes: 0 success; 1 a patch does not apply or is broken (or, for verify, a regression);
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import click
 
-from patchkit.cli import build, patching, upstream, variants
+from patchkit.cli import build, image_proof, patching, upstream, variants
 from patchkit.cli.common import PatchkitGroup
 from patchkit.cli.doctor import doctor
 from patchkit.cli.options import cache_dir_option
@@ -32,6 +33,6 @@ def main() -> None:
     """Anchor-asserted, fail-closed vLLM patches for GLM-5.3-Flash on DGX Spark."""
 
 
-for command in (*patching.COMMANDS, *upstream.COMMANDS, *build.COMMANDS, *variants.COMMANDS, verify_command, wheel_group, doctor,
-                schemas_command):
+for command in (*patching.COMMANDS, *upstream.COMMANDS, *build.COMMANDS, *variants.COMMANDS, *image_proof.COMMANDS,
+                verify_command, wheel_group, doctor, schemas_command):
     main.add_command(command)

@@ -120,7 +120,13 @@ def _kernel_census(versions: str | None, platform: str, wheel_file: str | None, 
             table.add_column(col)
         for row in result.rows:
             verdict = "[green]ok[/]" if row.loadable else ("[red]MISSING[/]" if row.need.required else "[yellow]none (not for GB10)[/]")
-            table.add_row(f"{row.need.name}\n[dim]{row.need.why}[/]", ", ".join(sorted(row.loadable)) or "-",
+            if row.over_limits:  # loads, but a kernel of it cannot launch within GB10's registers or shared memory
+                verdict = f"[red]OVER GB10 LIMITS[/] ({len(row.over_limits)} kernels)"
+            used = row.usage_summary()
+            usage = (f"\n[dim]{used['kernels']} SASS kernels: <= {used['max_registers']} registers, "
+                     f"<= {used['max_static_smem_bytes']:,} B static smem, <= {used['max_stack_bytes']:,} B stack[/]"
+                     if used else "")
+            table.add_row(f"{row.need.name}\n[dim]{row.need.why}[/]", (", ".join(sorted(row.loadable)) or "-") + usage,
                           ", ".join(sorted(row.targets)) or "-", verdict)
         console = Console()
         console.print(table)

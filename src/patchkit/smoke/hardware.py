@@ -30,13 +30,14 @@ from pathlib import Path
 
 from patchkit import __version__
 from patchkit.bootlog.causes import find_causes
-from patchkit.bootlog.judge import Finding, judge_log
+from patchkit.bootlog.judge import Finding, judge_log, judge_spec_counters
 from patchkit.bootlog.markers import MARKER
 from patchkit.checkpoint.serve import ServeCommand
 from patchkit.errors import PatchkitError
 from patchkit.patching.patchset import InvalidPatchFile, Patch
 from patchkit.smoke.api import CHAT_PROMPT, chat, corruption_probe, serving_probes, wait_healthy
 from patchkit.smoke.containers import Runner, host_name
+from patchkit.smoke.spec_metrics import fetch_counters
 from patchkit.variants.definitions import Variant
 
 # A fatal line is logged a moment before the process ends (vLLM tears its workers down first): the receipt
@@ -197,6 +198,10 @@ def run_smoke(
             extra += _serving_findings(serving)
             if variant.serve.speculative and "SpecDecoding metrics" not in head.logs():
                 sleep(metrics_wait_s)  # vLLM logs the acceptance once per logging interval, after traffic
+            if variant.serve.speculative and "SpecDecoding metrics" not in head.logs():
+                # Still no interval in the log: vLLM's counters say how the draft did (a silent MTP load on
+                # 0.34.0 boots without a word and shows only here).
+                extra += judge_spec_counters(fetch_counters(base_url), variant.serve.speculative.method)
         # What the log alone cannot say: did the boot end, or was it still running when judged?
         process = "running" if health.ok or all(r.running() for r in runners) else "exited"
         logs = [r.logs() for r in runners]

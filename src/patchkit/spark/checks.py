@@ -14,6 +14,9 @@ What the checks hold a host to, and why:
   minimum CUDA 13.0's release notes give for Linux), which the base and the wheels' torch are built for.
 - nvcc of CUDA 13 on the wheel path (FlashInfer and DeepGEMM compile their kernels at run time); with
   `--image`, in the image instead.
+- for vLLM 0.34.0 on (or an unknown release): the nvcc DeepGEMM's JIT will run, resolved as vLLM resolves it
+  (CUDA_HOME, CUDA_PATH, the nvcc on PATH, /usr/local/cuda, DG_JIT_NVCC_COMPILER), at 12.9 or newer: 0.34.0
+  disables DeepGEMM with only a warning otherwise, and the GLM sparse indexer needs it.
 - TORCH_CUDA_ARCH_LIST=12.1a and FLASHINFER_CUDA_ARCH_LIST=12.1f, as the recipes set them (on the host for
   the wheel path, in the image's environment with --image).
 - the docker group (or root) and the engine's version: the GPU request needs API 1.40 (Docker 19.03).
@@ -32,6 +35,7 @@ from dataclasses import asdict, dataclass
 
 from patchkit.checkpoint.identity import CONFIG, INDEX
 from patchkit.checkpoint.memory import ACTIVATION_RESERVE_GIB, GIB
+from patchkit.errors import PatchkitError
 from patchkit.images.definitions import ARCH_ENV
 from patchkit.spark.commands import IMAGE_TIMEOUT_S, NOT_FOUND, TIMEOUT_S, Commands, Output
 from patchkit.variants.definitions import Variant
@@ -202,6 +206,58 @@ def check_nvcc(commands: Commands, image: str | None) -> Check:
     return Check("nvcc", "ok", found, "", _cmd(argv))
 
 
+# DeepGEMM's nvcc as vLLM 0.34.0 finds it (utils/deep_gemm.py `_deep_gemm_nvcc_path`, `_nvcc_version`):
+# CUDA_HOME or CUDA_PATH, else the directory above the nvcc on PATH, else /usr/local/cuda; that home must
+# exist; then DG_JIT_NVCC_COMPILER (or DJ_JIT_NVCC_COMPILER) or HOME/bin/nvcc, found executable. Below 12.9
+# or absent, 0.34.0 disables DeepGEMM with only a warning, while the GLM sparse indexer runs on it.
+DEEP_GEMM_NVCC = (
+    'h="${CUDA_HOME:-$CUDA_PATH}"; '
+    'if [ -z "$h" ]; then if n=$(command -v nvcc); then h=$(dirname "$(dirname "$n")"); else h=/usr/local/cuda; fi; fi; '
+    '[ -e "$h" ] || { echo "CUDA home $h does not exist"; exit 3; }; '
+    'if [ "${DG_JIT_NVCC_COMPILER+set}" = set ]; then n=$DG_JIT_NVCC_COMPILER; else n=${DJ_JIT_NVCC_COMPILER-}; fi; '
+    '[ -n "$n" ] || n="$h/bin/nvcc"; '
+    'p=$(command -v "$n") || { echo "$n is not an executable"; exit 4; }; '
+    'echo "nvcc=$p"; "$p" --version'
+)
+DEEP_GEMM_MIN_NVCC = (12, 9)  # "DeepGEMM's JIT needs nvcc 12.9 or newer" (0.34.0 utils/deep_gemm.py)
+DEEP_GEMM_SILENT_FROM = "0.34.0"  # the first release that disables DeepGEMM with a warning instead of aborting
+
+
+def check_deep_gemm_nvcc(commands: Commands, image: str | None, vllm: str | None) -> Check | None:
+    """The nvcc DeepGEMM's JIT will run, found the way vLLM 0.34.0 finds it, at 12.9 or newer. None for a
+    vLLM before 0.34.0 (its DeepGEMM aborts the boot loudly; the nvcc check covers it)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        if vllm is not None and Version(vllm) < Version(DEEP_GEMM_SILENT_FROM):
+            return None
+    except InvalidVersion:
+        raise PatchkitError(f"--vllm {vllm!r} is not a version (e.g. 0.34.0)") from None
+    argv = _in_image(image, "sh", "-c", DEEP_GEMM_NVCC) if image else ("sh", "-c", DEEP_GEMM_NVCC)
+    timeout = IMAGE_TIMEOUT_S if image else TIMEOUT_S
+    name = "nvcc (DeepGEMM)"
+    if (t := _timed_out(out := commands.run(argv, timeout), argv, name, timeout)):
+        return t
+    where = f"in {image}" if image else "on this host"
+    served = f"vLLM {vllm}" if vllm else "a vLLM of 0.34.0 or later (give --vllm to say which)"
+    fix = ("install the CUDA 13 toolkit (cuda-toolkit-13-0) and set CUDA_HOME to it where vLLM runs, or unset a "
+           "CUDA_HOME/CUDA_PATH/DG_JIT_NVCC_COMPILER that points elsewhere" if not image else
+           "use an image that carries the CUDA 13 toolkit (the pinned base does), with CUDA_HOME pointing at it")
+    why = (f"{served} disables DeepGEMM with only a warning (`DeepGEMM kernels are disabled`), and GLM-5.3's sparse "
+           "indexer needs it")
+    path = re.search(r"^nvcc=(\S.*)$", out.text, re.MULTILINE)
+    match = re.search(r"release (\d+)\.(\d+)", out.text)
+    if out.code != 0 or not path or not match:
+        said = _first_line(out.text) if out.code in (3, 4) else ("no shell (`sh`) to resolve it with" if _absent(out)
+                                                                   else _first_line(out.text))
+        return Check(name, "fail", f"DeepGEMM's nvcc {where}: {said}; {why}", fix, _cmd(argv))
+    version = (int(match.group(1)), int(match.group(2)))
+    found = f"DeepGEMM's nvcc {where}: {path.group(1)}, CUDA {version[0]}.{version[1]}"
+    if version < DEEP_GEMM_MIN_NVCC:
+        return Check(name, "fail", f"{found}, older than 12.9; {why}", fix, _cmd(argv))
+    return Check(name, "ok", found, "", _cmd(argv))
+
+
 def check_arch_variables(commands: Commands, image: str | None) -> list[Check]:
     checks = []
     for name, want in ARCH_VARIABLES.items():
@@ -341,13 +397,16 @@ class HostReport:
 
 
 def check_host(commands: Commands, variant: Variant | None = None, image: str | None = None,
-               checkpoint: str | None = None, kv_cache_dtype: str | None = None) -> HostReport:
-    """Every check on one host, in the order a first serve meets them."""
+               checkpoint: str | None = None, kv_cache_dtype: str | None = None, vllm: str | None = None) -> HostReport:
+    """Every check on one host, in the order a first serve meets them. `vllm`: the release to be served
+    (None: unknown, held to 0.34.0's rules)."""
     checks = [check_architecture(commands)]
     gpu_checks, gpus = check_gpu(commands)
     checks += gpu_checks
     checks.append(check_cuda(commands))
     checks.append(check_nvcc(commands, image))
+    if deep_gemm := check_deep_gemm_nvcc(commands, image, vllm):
+        checks.append(deep_gemm)
     checks += check_arch_variables(commands, image)
     checks += check_docker(commands)
     checks.append(check_memory(commands, variant))

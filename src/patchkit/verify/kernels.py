@@ -20,6 +20,10 @@ Which code loads on sm_121 (CUDA C++ Programming Guide, "Binary Compatibility" a
 Targets"): SASS for sm_12Y with Y <= 1, plain or family-specific (sm_120, sm_120f, sm_121f, sm_121);
 arch-specific SASS only for exactly sm_121a; PTX of any plain compute_XY with XY <= 121 (the driver
 compiles it at load), family PTX compute_12Yf with Y <= 1, arch-specific PTX only compute_121a.
+
+What each SASS kernel that loads on GB10 uses is read off its cubin (`cubin_usage`: registers, stack frame,
+static shared memory, the numbers ptxas prints and cuobjdump dumps) and held to GB10's limits, so a kernel
+that is there but cannot launch on a Spark fails the census too.
 """
 
 from __future__ import annotations
@@ -52,11 +56,33 @@ class FatbinError(PatchkitError):
 
 
 @dataclass(frozen=True)
+class Usage:
+    """What one SASS kernel uses, as its cubin records it (what `cuobjdump --dump-resource-usage` prints):
+    registers a thread (EIATTR_REGCOUNT), its stack frame in bytes (EIATTR_FRAME_SIZE: ptxas' "bytes stack
+    frame", spills among them) and static shared memory a block (its `.nv.shared.<kernel>` section less the
+    1 KiB the system reserves a block from sm_80 on, which the section carries: ptxas' "bytes smem";
+    cuobjdump's SHARED counts the reserve). tests/test_kernels.py holds both tools to these numbers."""
+
+    registers: int
+    stack: int
+    static_smem: int
+
+
+# GB10 (sm_121) limits a kernel must fit: 255 registers a thread, 101,376 B of shared memory a block (the
+# opt-in maximum the CUDA Programming Guide gives for compute capability 12.x).
+GB10_MAX_REGISTERS, GB10_MAX_SMEM = 255, 101_376
+# .nv.info attributes (EIATTR_*, format EIFMT_SVAL: u32 symbol index, u32 value) the usage is read from.
+_EIATTR_FRAME_SIZE, _EIATTR_REGCOUNT = 0x11, 0x2F
+_RESERVED_SMEM = 1024  # a block's system-reserved shared memory on sm_80 and later, inside .nv.shared.<kernel>
+
+
+@dataclass(frozen=True)
 class Entry:
     kind: str          # "sass" or "ptx"
     sm: int            # 120 for sm_120 / compute_120
     variant: str       # "", "a" (arch-specific) or "f" (family-specific)
     kernels: tuple[str, ...]
+    usage: dict[str, Usage] = field(default_factory=dict, compare=False)  # SASS: kernel -> what it uses
 
     @property
     def target(self) -> str:
@@ -151,7 +177,8 @@ def _walk(fb: memoryview, start: int, what: str) -> Iterator[Entry]:
             if kind in KIND:
                 variant = "a" if flags & FLAG_ARCH_SPECIFIC else "f" if flags & FLAG_FAMILY else ""
                 body_bytes = _payload(fb, at, ehead, esize, flags, compressed, raw, what)
-                yield Entry(KIND[kind], sm, variant, _kernels(KIND[kind], body_bytes, what))
+                usage = cubin_usage(body_bytes, f"{what}: a cubin", sm) if KIND[kind] == "sass" else {}
+                yield Entry(KIND[kind], sm, variant, _kernels(KIND[kind], body_bytes, what), usage)
             at += ehead + esize
         pos = end + (-end % 8)
 
@@ -161,6 +188,57 @@ def _kernels(kind: str, body: bytes, what: str) -> tuple[str, ...]:
         return tuple(m.group(1).decode() for m in _PTX_ENTRY.finditer(body))
     sections = _sections(_in_memory(body), len(body), f"{what}: a cubin")
     return tuple(sorted(name[len(".text."):] for name in sections if name.startswith(".text.")))
+
+
+def cubin_usage(cubin: bytes, what: str, sm: int = 120) -> dict[str, Usage]:
+    """kernel -> Usage for every kernel of a cubin: `.nv.info`'s REGCOUNT and FRAME_SIZE records (each
+    names its kernel by symbol index) and each kernel's `.nv.shared.` section size."""
+    sections = _sections(_in_memory(cubin), len(cubin), what)
+    if ".nv.info" not in sections or ".symtab" not in sections or ".strtab" not in sections:
+        return {}
+    (info_at, info_size), (sym_at, sym_size), (str_at, str_size) = (sections[n] for n in (".nv.info", ".symtab", ".strtab"))
+    info, strtab = cubin[info_at:info_at + info_size], cubin[str_at:str_at + str_size]
+
+    def symbol(index: int) -> str:
+        if (index + 1) * 24 > sym_size:
+            raise FatbinError(what, f"a .nv.info record names symbol {index}, past the symbol table")
+        name_at, = struct.unpack_from("<I", cubin, sym_at + index * 24)
+        end = strtab.find(b"\0", name_at)
+        if name_at >= str_size or end < 0:
+            raise FatbinError(what, "a symbol's name lies outside the string table")
+        return strtab[name_at:end].decode("utf-8", "replace")
+
+    values: dict[int, dict[str, int]] = {}
+    pos = 0
+    while pos + 2 <= len(info):
+        fmt, attr = info[pos], info[pos + 1]
+        if fmt == 4:  # EIFMT_SVAL: u16 size, then that many bytes
+            if pos + 4 > len(info):
+                raise FatbinError(what, "a .nv.info record is cut short")
+            size, = struct.unpack_from("<H", info, pos + 2)
+            data = info[pos + 4:pos + 4 + size]
+            if len(data) < size:
+                raise FatbinError(what, "a .nv.info record runs past its section")
+            if attr in (_EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE) and size == 8:
+                index, value = struct.unpack_from("<II", data)
+                values.setdefault(index, {})["registers" if attr == _EIATTR_REGCOUNT else "stack"] = value
+            pos += 4 + size
+        elif fmt in (2, 3):  # EIFMT_BVAL / EIFMT_HVAL: a 2-byte value
+            pos += 4
+        elif fmt == 1:  # EIFMT_NVAL: no value
+            pos += 2
+        else:
+            raise FatbinError(what, f"a .nv.info record of unknown format {fmt} at {pos:#x}")
+    out = {}
+    for index, got in values.items():
+        if "registers" not in got:
+            continue
+        kernel = symbol(index)
+        shared = sections.get(f".nv.shared.{kernel}", (0, 0))[1]
+        if sm >= 80 and shared >= _RESERVED_SMEM:
+            shared -= _RESERVED_SMEM
+        out[kernel] = Usage(got["registers"], got.get("stack", 0), shared)
+    return out
 
 
 @dataclass(frozen=True)
@@ -184,6 +262,10 @@ NEEDS = (
     Need("fp8-ds-mla-cache", r"concat_and_cache_ds_mla_kernel|indexer_k_quant_and_cache_kernel",
          "the fp8_ds_mla KV-cache and indexer-K writers"),
     Need("kda", r"kda", "KDA (kimi delta attention) kernels"),
+    # vLLM's default KDA prefill on 12.x (models/glm5next/common/kda.py), in vllm/_flashkda_C.abi3.so: 0.34.0's
+    # aarch64 wheel carries it for sm_90a, sm_100f and sm_120f, the last of which GB10 runs (family code).
+    Need("flashkda", r"_flash_kda_", "FlashKDA chunked prefill (vllm/_flashkda_C, the default KDA prefill on 12.x; "
+         "`--kda-prefill-backend triton` takes the Triton kernel instead)"),
     Need("custom-allreduce", r"cross_device_reduce", "custom all-reduce (tensor parallel over two Sparks)"),
     Need("nvfp4-ds-mla-cache", r"concat_and_cache_nvfp4_ds_mla_kernel",
          "the NVFP4 KV-cache writer: without sm_12x code an `nvfp4` KV cache cannot run on GB10", required=False),
@@ -201,10 +283,25 @@ class Row:
     need: Need
     targets: dict[str, int] = field(default_factory=dict)   # target -> kernels of this need in it
     loadable: dict[str, int] = field(default_factory=dict)  # the subset that loads on sm_121
+    usage: dict[str, Usage] = field(default_factory=dict)   # "target kernel" -> what it uses, SASS that loads on sm_121
+
+    @property
+    def over_limits(self) -> list[str]:
+        """The loadable SASS kernels that cannot launch on GB10: over its registers or shared memory."""
+        return sorted(k for k, u in self.usage.items() if u.registers > GB10_MAX_REGISTERS or u.static_smem > GB10_MAX_SMEM)
 
     @property
     def ok(self) -> bool:
-        return bool(self.loadable) or not self.need.required
+        return (bool(self.loadable) or not self.need.required) and not self.over_limits
+
+    def usage_summary(self) -> dict | None:
+        if not self.usage:
+            return None
+        used = list(self.usage.values())
+        return {"kernels": len(used), "max_registers": max(u.registers for u in used),
+                "max_stack_bytes": max(u.stack for u in used), "max_static_smem_bytes": max(u.static_smem for u in used),
+                "kernels_with_stack": sum(1 for u in used if u.stack), "over_gb10_limits": self.over_limits,
+                "limits": {"registers": GB10_MAX_REGISTERS, "smem_bytes": GB10_MAX_SMEM}}
 
 
 @dataclass
@@ -220,7 +317,8 @@ class Census:
     def to_dict(self) -> dict:
         return {"wheel": self.wheel, "ok": self.ok, "sm": GB10_SM,
                 "kernels": [{"need": r.need.name, "required": r.need.required, "why": r.need.why, "ok": r.ok,
-                             "targets": r.targets, "loads_on_sm121": sorted(r.loadable)} for r in self.rows],
+                             "targets": r.targets, "loads_on_sm121": sorted(r.loadable),
+                             "usage_on_sm121": r.usage_summary()} for r in self.rows],
                 "runtime_compiled": [{"name": n, "needs": "CUDA 13 nvcc on the host or in the image", "why": w}
                                      for n, w in RUNTIME_COMPILED],
                 "binaries": self.binaries}
@@ -251,6 +349,9 @@ def census(wheel: Path, needs: tuple[Need, ...] = NEEDS) -> Census:
                         row.targets[entry.target] = row.targets.get(entry.target, 0) + found
                         if entry.loads_on():
                             row.loadable[entry.target] = row.loadable.get(entry.target, 0) + found
+                            for kernel, used in entry.usage.items():
+                                if pattern.search(kernel):
+                                    row.usage[f"{entry.target} {kernel}"] = used
             if targets:
                 binaries[info.filename] = sorted(targets)
     return Census(wheel.name, rows, binaries)

@@ -275,6 +275,24 @@ class Glm5NextOnCpu:
         self.configure("Glm5NextMTP")
         return self.decoder_layer(MTP_LAYER, f"model.layers.{MTP_LAYER}")
 
+    def text_model(self, layers: dict):
+        """A module holding real decoder layers ({index: layer}) with what `Glm5NextModel.load_weights`
+        reads of its model besides them, as the real constructor sets it on a CPU: no fused shared
+        experts (0.30-0.33: is_fused_shared_expert_enabled; 0.34: fused_shared_expert_layers) and no
+        MegaMoE (0.34: on SM100 only). load_weights then runs unbound on it."""
+        torch, config = self.torch, self.text_config
+
+        class TextModel(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.config = config
+                self.is_fused_shared_expert_enabled = False
+                self.use_mega_moe = False
+                self.fused_shared_expert_layers = frozenset()
+                self.layers = torch.nn.ModuleDict({str(i): layer for i, layer in layers.items()})
+
+        return TextModel()
+
 
 def describe_quant(module) -> dict:
     """{submodule: {"method": class name, "params": {name: dtype}}} for every module holding a quant

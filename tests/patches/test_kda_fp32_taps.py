@@ -41,17 +41,7 @@ config = env.text_config
 PROJ = config.linear_num_heads * config.linear_head_dim
 KERNEL = config.linear_conv_kernel_dim
 
-class TextModel(torch.nn.Module):
-    # What Glm5NextModel.load_weights reads of its model, holding two real KDA decoder layers.
-    def __init__(self, layers):
-        super().__init__()
-        self.config = config
-        self.is_fused_shared_expert_enabled = False  # 0.30-0.33
-        self.use_mega_moe = False  # 0.34: MegaMoE off, as on every non-SM100 GPU
-        self.fused_shared_expert_layers = set()  # 0.34
-        self.layers = torch.nn.ModuleDict({str(i): layer for i, layer in enumerate(layers)})
-
-model = TextModel([env.target_layer(0), env.target_layer(1)])
+model = env.text_model({0: env.target_layer(0), 1: env.target_layer(1)})
 gen = torch.Generator().manual_seed(0)
 # fp32 taps with low mantissa bits set, so any rounding through bf16 would show.
 fp32_taps = {n: torch.randn(PROJ, 1, KERNEL, generator=gen, dtype=torch.float32) * (1 + 2**-20) for n in "qkv"}

@@ -43,17 +43,7 @@ from vllm.model_executor.models.utils import PPMissingLayer
 env = Glm5NextOnCpu(tempfile.mkdtemp())
 env.checkpoint(None, text_config={"mhc": True})  # BF16 checkpoint with hyper-connections
 
-class TextModel(torch.nn.Module):
-    """What Glm5NextModel.load_weights reads of its model: layer 0 built, layer 1 on another pipeline stage."""
-    def __init__(self, layer):
-        super().__init__()
-        self.config = env.text_config
-        self.is_fused_shared_expert_enabled = False  # 0.30-0.33
-        self.use_mega_moe = False  # 0.34: MegaMoE off, as on every non-SM100 GPU
-        self.fused_shared_expert_layers = set()  # 0.34
-        self.layers = torch.nn.ModuleDict({"0": layer, "1": PPMissingLayer()})
-
-model = TextModel(env.target_layer(0))
+model = env.text_model({0: env.target_layer(0), 1: PPMissingLayer()})  # layer 1 on another pipeline stage
 params = dict(model.named_parameters())
 g = torch.Generator().manual_seed(0)
 
@@ -138,7 +128,7 @@ on_missing_stage = {
 # that builds the KDA projections quantized (packed-modules-4p67), both land in the same parameters.
 env.checkpoint(p4p67_quantization_config())
 env.target()
-model = TextModel(env.target_layer(0))
+model = env.text_model({0: env.target_layer(0), 1: PPMissingLayer()})  # layer 1 on another pipeline stage
 params = dict(model.named_parameters())
 gate = "layers.0.self_attn.f_b_proj."
 stored = {}

@@ -13,6 +13,7 @@ Stand-ins for GPU-only kernel choices: see quant_configs.Glm5NextOnCpu.
 from __future__ import annotations
 
 import pytest
+from packaging.version import Version
 from quant_configs import probe_prelude
 
 from probes import probe_fixtures
@@ -38,14 +39,6 @@ def mxfp8(rows, cols):
 def dequant(codes, exponents):  # the MXFP8 definition, written independently of the patch
     return codes.float() * torch.exp2(exponents.float() - 127).repeat_interleave(32, dim=1)
 
-class TextModel(torch.nn.Module):
-    """What Glm5NextModel.load_weights reads from self: the config and the layers it names."""
-    def __init__(self, layers):
-        super().__init__()
-        self.config = env.text_config
-        self.is_fused_shared_expert_enabled = False
-        self.layers = torch.nn.ModuleDict({str(i): layer for i, layer in layers.items()})
-
 def load(model, tensors):
     try:
         Glm5NextModel.load_weights(model, iter(tensors))
@@ -62,7 +55,7 @@ env.target()
 kda, mla = env.target_layer(0), env.target_layer(3)
 out["kda"], out["mla"] = attention_methods(kda), attention_methods(mla)
 out["mtp"] = attention_methods(env.mtp_layer())
-model = TextModel({0: kda, 3: mla})
+model = env.text_model({0: kda, 3: mla})
 params = dict(model.named_parameters())
 hidden = env.text_config.hidden_size
 proj, heads, head_dim = 2 * 128, 2, 128  # linear_num_heads * linear_head_dim
@@ -103,7 +96,7 @@ for name, config in (("bf16", None), ("fp8_block", fp8_block), ("nvidia", nvidia
 # BF16 indexer weights (every checkpoint but 4p67) still load through the fused BF16 projection.
 env.checkpoint(lab_quantization_config())
 env.target()
-model = TextModel({3: env.target_layer(3)})
+model = env.text_model({3: env.target_layer(3)})
 wk, wp = torch.randn(128, hidden, generator=generator), torch.randn(2, hidden, generator=generator)
 out["bf16_indexer_load"] = load(model, [("layers.3.self_attn.indexer.wk.weight", wk.bfloat16()),
                                         ("layers.3.self_attn.indexer.weights_proj.weight", wp.bfloat16())])
@@ -150,8 +143,11 @@ def test_patched_fused_projections_are_mxfp8(patched):
         assert patched["mtp"][name] == {"method": "ModelOptLinearMethod", "params": MX}, name
 
 
-def test_patched_conv_taps_and_indexer_gate_stay_unquantized(patched):
-    for tap in ("q_conv1d", "k_conv1d", "v_conv1d"):
+def test_patched_conv_taps_and_indexer_gate_stay_unquantized(patched, vllm_release):
+    # 0.30-0.33: three short-conv taps; 0.34: one fused fp32 conv1d (kda.py `_fused_qkv_conv1d`), built
+    # with no quant config, that the packed mapping never names
+    taps = ("conv1d",) if vllm_release >= Version("0.34") else ("q_conv1d", "k_conv1d", "v_conv1d")
+    for tap in taps:
         assert patched["kda"][f"self_attn.{tap}"] == {"method": "UnquantizedLinearMethod", "params": {"weight": "float32"}}
     # the indexer reads wk_weights_proj's weights_proj rows as its fp32 head gate: never quantized codes
     for layer in ("mla", "mtp"):

@@ -58,7 +58,9 @@ CACHE = Path(os.environ["PATCHKIT_CACHE_DIR"]).expanduser() if os.environ.get("P
     platformdirs.user_cache_dir("patchkit"))
 # The pinned release and every supported one, from patchkit itself (its __init__ needs nothing installed).
 sys.path.insert(0, str(ROOT / "src"))
-from patchkit import PINNED_VLLM as PINNED, SUPPORTED_VLLM as RELEASES  # noqa: E402
+from patchkit import PINNED_VLLM as PINNED  # noqa: E402
+from patchkit import SUPPORTED_VLLM as RELEASES  # noqa: E402
+
 # `nox -s tests` runs the whole suite on the pinned release, then the release-sensitive tests on 0.30.0,
 # the layout of the default day-0 base every image is built on. 0.31.0 and 0.32.0 run in `nox -s
 # tests-releases` (the daily workflow): all four do not fit CI's 40-minute budget on two cores.

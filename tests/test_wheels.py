@@ -8,10 +8,7 @@ behaviour tests then run against the installed package.
 
 from __future__ import annotations
 
-import base64
-import csv
 import hashlib
-import io
 import json
 import os
 import re
@@ -40,6 +37,7 @@ from patchkit.wheels.build import build_wheel
 from patchkit.wheels.index import write_index
 from patchkit.wheels.release import release_wheel
 from patchkit.wheels.verified import open_wheel
+from wheel_files import assert_record_matches, members
 
 pytestmark = [pytest.mark.network, pytest.mark.vllm]
 
@@ -64,23 +62,10 @@ def built(release, series, tmp_path_factory):
     return build_wheel(release, series, "full", tmp_path_factory.mktemp("wheels"))
 
 
-def members(path: Path) -> dict[str, bytes]:
-    with zipfile.ZipFile(path) as archive:
-        assert archive.testzip() is None  # every member's CRC
-        return {info.filename: archive.read(info) for info in archive.infolist()}
-
-
 def test_every_record_row_matches_its_member(built):
     files = members(built.path)
     dist_info = f"vllm-{built.manifest.version}.dist-info"
-    rows = list(csv.reader(io.StringIO(files[f"{dist_info}/RECORD"].decode())))
-    assert sorted(r[0] for r in rows) == sorted(files), "RECORD lists every member exactly once"
-    for name, algorithm_hash, size in rows:
-        if name == f"{dist_info}/RECORD":
-            assert (algorithm_hash, size) == ("", "")
-            continue
-        digest = base64.urlsafe_b64encode(hashlib.sha256(files[name]).digest()).rstrip(b"=").decode()
-        assert (algorithm_hash, size) == (f"sha256={digest}", str(len(files[name]))), name
+    assert_record_matches(files, dist_info)
 
 
 def test_the_release_and_the_built_wheel_pass_the_release_checks(release, built):
@@ -141,6 +126,19 @@ def test_two_builds_give_the_same_wheel(release, series, built, tmp_path):
     assert again.sha256 == built.sha256 == hashlib.sha256(built.path.read_bytes()).hexdigest()
 
 
+def test_a_published_pin_is_kept_and_the_command_builds_the_same_wheel(release, built, tmp_path):
+    """0.33.0 pins flashinfer-python 0.7.2.post1, which is published: `wheel build` substitutes nothing (no
+    `substituted` in the record, none in the JSON), and its wheel is the very file build_wheel writes."""
+    record = json.loads(members(built.path)[f"vllm-{built.manifest.version}.dist-info/patchkit.json"])
+    assert "substituted" not in record and built.summary()["substituted"] == []
+    result = CliRunner().invoke(main, ["wheel", "build", "--series", "full", "--platform", "x86_64", "--output",
+                                       str(tmp_path / "out"), "--json"])
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(result.stdout)
+    assert entry["companion"]["how"] == "pinned" and entry["substituted"] == []
+    assert (Path(entry["wheel"]).name, entry["sha256"]) == (built.path.name, built.sha256)
+
+
 def test_a_series_that_does_not_apply_writes_no_wheel(release, tmp_path):
     patches = shutil.copytree(REPO / "patches", tmp_path / "patches")
     toml = patches / "modelopt-mtp-namespace" / "patch.toml"
@@ -164,8 +162,9 @@ def narrowed(tmp_path: Path, ranges: dict[str, str]) -> Path:
     patches = shutil.copytree(REPO / "patches", tmp_path / "patches")
     for patch_id, spec in ranges.items():
         toml = patches / patch_id / "patch.toml"
-        assert toml.read_text().count('vllm = ">=0.30.0,<0.34"') == 1
-        toml.write_text(toml.read_text().replace('vllm = ">=0.30.0,<0.34"', f'vllm = "{spec}"'))
+        text, count = re.subn(r'(?m)^vllm = ">=0\.30\.0,<0\.3[45]"$', f'vllm = "{spec}"', toml.read_text())
+        assert count == 1, toml  # every patch's range starts at 0.30.0 and ends at 0.34 or 0.35 today
+        toml.write_text(text)
     return patches
 
 

@@ -47,32 +47,39 @@ def build_cmd(version, series_names, platforms, output, patches_dir, images_dir,
     from patchkit.sources.companion import resolve_pin
     from patchkit.wheels.build import build_wheel
     from patchkit.wheels.release import pinned_companion, release_wheel
+    from patchkit.wheels.requires import substitution_for
 
     names = series_names or tuple(sorted(p.parent.name for p in images_dir.glob("*/image.toml")))
     built = []
     companions = {}  # pin -> the companion policy's answer, asked once
+    substitutions = {}  # pin -> the Substitution the wheel requires in its place, or None (the pin kept)
     for arch in platforms or ARCHES:
         release = release_wheel(version, arch, progress=err_console.is_terminal)
         pin = pinned_companion(release)
         if pin is not None and pin not in companions:  # reported before any build that may stop the command
+            substitutions[pin] = None
             try:
                 companion = resolve_pin(pin)
             except PatchkitError as e:  # advice about the pin, never a reason not to build the wheel
                 companions[pin] = {"pin": pin, "checked": None, "finding": f"not asked: {e}"}
                 err_console.print(f"vLLM {version}'s wheel requires flashinfer-python=={pin}; the index was not "
-                                  f"asked whether it is published ({e})", style="yellow", markup=False,
+                                  f"asked whether it is published ({e}): {KEPT}", style="yellow", markup=False,
                                   highlight=False, soft_wrap=True)
             else:
                 companions[pin] = companion.to_dict()
+                substitutions[pin] = substitution_for(companion)
                 if companion.finding:
                     err_console.print(_unpublished_pin(version, companion), style="yellow", markup=False,
                                       highlight=False, soft_wrap=True)
         for name in names:
             patchset, patches = load_series(patches_dir, SeriesChoice(name, images_dir))
-            result = build_wheel(release, patches, name, output)
+            result = build_wheel(release, patches, name, output, substitution=substitutions.get(pin))
             extras = _extra_wheels(images_dir, name, patchset)
             built.append({**result.summary(), "extras": extras, "companion": companions[pin] if pin else None})
             err_console.print(f"{name} ({arch}): {result.path.name}")
+            for s in result.manifest.substituted:
+                err_console.print(f"  requires {s.requirement} where the release requires {s.release_requirement}",
+                                  markup=False, highlight=False, soft_wrap=True)
             for requirement in extras:  # the image's [wheels] are not inside vLLM's wheel: installed beside it
                 err_console.print(f"  its image also carries {requirement.split()[0]}: `pip install "
                                   f"{requirement.split()[0]}`, or pinned: `{requirement}` in a requirements file "
@@ -83,16 +90,21 @@ def build_cmd(version, series_names, platforms, output, patches_dir, images_dir,
         console.print(_table(built))
 
 
+KEPT = "the patched wheel keeps the release's requirement, which pip cannot install where it is unpublished"
+
+
 def _unpublished_pin(version: str, companion) -> str:
     """What a pin other than the one checked means for the patched wheel: pip cannot resolve the
     requirement as the release states it; the policy's substitute (sources.companion) is what verify and
-    check read the series' FlashInfer edits against (a vLLM wheel carries none of them)."""
+    check read the series' FlashInfer edits against (a vLLM wheel carries none of them), and what the
+    patched wheel requires in the pin's place (wheels.requires). Without a substitute the pin is kept."""
     head = f"vLLM {version}'s wheel requires {companion.dist}=={companion.pin}"
     if companion.how != "substitute":
-        return f"{head}: {companion.finding}"
+        return f"{head}: {companion.finding}; {KEPT}"
     return (f"{head}, {companion.unpublished}: pip cannot install the wheel's requirements from the index as "
             f"they stand; {companion.checked} is the substitute `patchkit verify` and `check` read the series' "
-            "FlashInfer edits against")
+            f"FlashInfer edits against, and the patched wheel requires {companion.dist}=={companion.checked} "
+            "in the pin's place (recorded in its dist-info's patchkit.json)")
 
 
 def _extra_wheels(images: Path, series: str, patchset) -> list[str]:

@@ -8,6 +8,9 @@ nothing is written unless every patch is whole. The new wheel is the release's w
 - the version `<release>+glm53.<series hash>` (a PEP 440 local label; the hash is the image tag's,
   over the carried patches' ids and contents), in METADATA, the dist-info name and the file name;
 - `patchkit.json` (manifest.py) and a RECORD with every file's sha256 and size;
+- when given a substitution (requires.py: the companion policy's stand-in for a pin the index never
+  published), METADATA's `Requires-Dist` of that pin stating the substitute instead, recorded in
+  `patchkit.json`; without one, METADATA changes in its Version alone;
 - fixed timestamps and sorted entries, so the same release wheel and series give the same sha256.
 The release wheel is verified whole first (verified.py: every member against its RECORD, names pip
 would install, its own project and version), and every byte copied or read from it after is held
@@ -20,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -34,8 +37,9 @@ from patchkit.patching.patchset import Patch
 from patchkit.patching.planner import FileChange, PatchResult, Plan, plan
 from patchkit.patching.series import series_hash
 from patchkit.wheels.archive import ReproducibleZip, mode_of
-from patchkit.wheels.manifest import MANIFEST, CarriedPatch, WheelManifest
+from patchkit.wheels.manifest import MANIFEST, CarriedPatch, SubstitutedRequirement, WheelManifest
 from patchkit.wheels.record import RecordRow, format_record, row_for
+from patchkit.wheels.requires import Substitution, substitute_requirement
 from patchkit.wheels.verified import SIGNATURES, VerifiedWheel, open_wheel
 
 LOCAL_PREFIX = "glm53"
@@ -59,6 +63,7 @@ class BuiltWheel:
             "patches": [p.id for p in self.manifest.patches],
             "left_out": {p.id: p.note for p in self.manifest.skipped},
             "files": [f["path"] for f in self.manifest.files],
+            "substituted": [asdict(s) for s in self.manifest.substituted],
         }
 
 
@@ -69,9 +74,11 @@ def patched_version(release_version: str, digest: str) -> str:
     return f"{version.public}+{LOCAL_PREFIX}.{digest}"
 
 
-def build_wheel(release: Path, patches: list[Patch], series: str, output: Path) -> BuiltWheel:
+def build_wheel(release: Path, patches: list[Patch], series: str, output: Path, *,
+                substitution: Substitution | None = None) -> BuiltWheel:
     """Write the patched wheel of `release` into the folder `output`; PatchFailed (nothing written) if
-    the series does not apply, BadWheel (nothing written) if the release is not a wheel pip would install."""
+    the series does not apply, BadWheel (nothing written) if the release is not a wheel pip would install.
+    `substitution`: the requirement METADATA states in place of the release's unpublished pin."""
     with open_wheel(release) as wheel:
         if wheel.name != "vllm":
             raise PatchkitError(f"{release} is not a vLLM wheel (it is {wheel.name} {wheel.version}'s)")
@@ -80,19 +87,25 @@ def build_wheel(release: Path, patches: list[Patch], series: str, output: Path) 
         carried = [_recorded(r) for r in kept.carried]
         skipped = [_recorded(r) for r in kept.left_out]
         version = patched_version(wheel.version, series_hash(kept.patches))
+        metadata_name = f"{wheel.dist_info}/METADATA"
+        metadata = _set_header(wheel.read(metadata_name, "metadata"), "Version", version, metadata_name)
+        substituted: list[SubstitutedRequirement] = []
+        if substitution is not None:
+            metadata, substituted = substitute_requirement(metadata, substitution, f"{release}, member {metadata_name}")
         manifest = WheelManifest(
             version=version, series=series, series_hash=version.rsplit(".", 1)[1],
             release={"filename": release.name, "sha256": wheel.sha256, "version": wheel.version},
             patches=carried, skipped=skipped,
             files=[{"path": _member(c), "release_sha256": hashlib.sha256(c.old).hexdigest(),
                     "patched_sha256": hashlib.sha256(c.new).hexdigest()} for c in result.changes],
+            substituted=substituted,
         )
         target = output / wheel_filename(release.name, version)
         created = not output.exists()
         try:
             output.mkdir(parents=True, exist_ok=True)
             with adjacent_tmp_file(target) as out:
-                _write(wheel, out, version, result.changes, manifest)
+                _write(wheel, out, version, result.changes, manifest, metadata)
         except OSError as error:  # the output's: a full or read-only disk, a folder in the way
             raise PatchkitError(f"{target} cannot be written ({error.strerror or error}); nothing of it is left "
                                 f"in {output}") from None
@@ -118,7 +131,7 @@ def _member(change: FileChange) -> str:
 
 
 def _write(wheel: VerifiedWheel, out: BinaryIO, version: str, changes: list[FileChange],
-           manifest: WheelManifest) -> None:
+           manifest: WheelManifest, metadata: bytes) -> None:
     old_info = wheel.dist_info
     new_info = f"{old_info.split('-')[0]}-{version}.dist-info"
     changed = {_member(c): c for c in changes}
@@ -147,8 +160,7 @@ def _write(wheel: VerifiedWheel, out: BinaryIO, version: str, changes: list[File
             if relative == MANIFEST:
                 add(name, manifest.to_bytes())
             elif relative == "METADATA":
-                add(name, _set_header(wheel.read(old, "metadata"), "Version", version, old),
-                    mode_of(wheel.members[old].info))
+                add(name, metadata, mode_of(wheel.members[old].info))
             elif relative == "WHEEL":
                 add(name, _set_header(wheel.read(old, "metadata"), "Generator", f"patchkit {__version__}", old),
                     mode_of(wheel.members[old].info))

@@ -2,7 +2,10 @@
 
 pip installs the dist-info as it is, so the record lands in site-packages beside vLLM and `patchkit
 status` can name the patches of an installed wheel (the text of the files tells their state; this
-file tells which series and which patch contents were built in, and from which release wheel).
+file tells which series and which patch contents were built in, and from which release wheel). A
+requirement of the release's METADATA the build replaced (an unpublished companion pin: requires.py) is
+recorded here too, with the line as the release states it and why; a wheel without one has no such key,
+so its bytes are what they were before substitution existed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,18 @@ class CarriedPatch:
 
 
 @dataclass(frozen=True)
+class SubstitutedRequirement:
+    """One `Requires-Dist` of the release's METADATA that the patched wheel states otherwise."""
+
+    dist: str  # "flashinfer-python"
+    pin: str  # the version the release pins: "0.7.3"
+    substitute: str  # the version the patched wheel requires instead: "0.7.2.post1"
+    release_requirement: str  # the header's value as the release states it: "flashinfer-python==0.7.3"
+    requirement: str  # the value written: "flashinfer-python==0.7.2.post1" (extras and markers kept)
+    reason: str  # one line: why this substitute (the companion policy's)
+
+
+@dataclass(frozen=True)
 class WheelManifest:
     version: str  # the patched wheel's version
     series: str  # "full" or the image whose series it is
@@ -36,9 +51,13 @@ class WheelManifest:
     patches: list[CarriedPatch]
     skipped: list[CarriedPatch] = field(default_factory=list)  # upstreamed, or for a package not in the wheel
     files: list[dict[str, str]] = field(default_factory=list)  # path, release sha256, patched sha256
+    substituted: list[SubstitutedRequirement] = field(default_factory=list)  # requirements stated otherwise
 
     def to_bytes(self) -> bytes:
-        return (json.dumps(asdict(self), indent=1, sort_keys=True) + "\n").encode()
+        record = asdict(self)
+        if not record["substituted"]:  # absent, not empty: the record of a wheel with none stays as it was
+            del record["substituted"]
+        return (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()
 
     @classmethod
     def from_bytes(cls, data: bytes, what: str = MANIFEST) -> WheelManifest:
@@ -64,6 +83,8 @@ class WheelManifest:
                 against = f"this patch set's {patch.id} has changed since (now {_short(current.digest)})"
             lines.append(f"  carries {patch.id} {_short(patch.digest)}: {against}")
         lines += [f"  left out {p.id}: {p.note}" for p in self.skipped]
+        lines += [f"  requires {s.requirement} where the release requires {s.release_requirement}: {s.reason}"
+                  for s in self.substituted]
         return lines
 
 

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import pytest
 
+from rebase_folders import SERIES
 from record_fields import declared_but_absent
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +55,9 @@ WORKFLOW = REPO / ".github" / "workflows" / "verify-upstream.yml"
 DATA = REPO / "tests" / "data"
 GOLDEN = DATA / "bump" / "vllm-0.34.0.md"
 RECORDS = DATA / "bump" / "run-0.34.0"
+# `--write-tested`: the same replay with the release's behaviour tests run for real (not in the suite: ~12 min)
+GOLDEN_TESTED = DATA / "bump" / "vllm-0.34.0-tested.md"
+RECORDS_TESTED = DATA / "bump" / "run-0.34.0-tested"
 RELEASE = "0.34.0"
 # hand-written stand-ins for what only GitHub gives a workflow run
 GITHUB_REPOSITORY = "patchkit-replay/patchkit"
@@ -152,7 +156,9 @@ def _link(source: Path, folder: Path) -> None:
 
 
 def _copy_checkout(into: Path) -> None:
-    """actions/checkout's stand-in: the checkout's files (tracked and untracked, not ignored) as one commit."""
+    """actions/checkout's stand-in: the checkout's files (tracked and untracked, not ignored) as one commit,
+    with the patch set the job met on 0.34.0's release day (SERIES, and the UPSTREAM.md made from it) in
+    place of today's patches/, which already carries the 0.34.0 port (nothing would be left to rebase)."""
     listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
                             check=True).stdout.decode().split("\0")
     for name in filter(None, listed):
@@ -160,6 +166,10 @@ def _copy_checkout(into: Path) -> None:
         if source.is_file() and not source.is_symlink():  # a file deleted in the working tree is not there
             (into / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, into / name)
+    shutil.rmtree(into / "patches")
+    shutil.copytree(SERIES, into / "patches")
+    subprocess.run([sys.executable, "-m", "patchkit", "upstream", "--write", "--patches", "patches"], cwd=into,
+                   check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(into / "src")})
     git = {"GIT_AUTHOR_NAME": "replay", "GIT_AUTHOR_EMAIL": "replay@invalid", "GIT_COMMITTER_NAME": "replay",
            "GIT_COMMITTER_EMAIL": "replay@invalid", "GIT_AUTHOR_DATE": "2026-12-03T00:00:00Z",
            "GIT_COMMITTER_DATE": "2026-12-03T00:00:00Z", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
@@ -189,9 +199,13 @@ else:
 '''
 
 NOX = r'''#!/bin/sh
-# nox for the replay: `nox --list` is the real one; a session run is not (hours of a vLLM environment)
+# nox for the replay: `nox --list` is the real one; a session run is not (hours of a vLLM environment),
+# but for the sessions named in REAL (`--write-tested`: the release's behaviour tests)
 case "$1" in
   --list|-l) exec {nox} "$@" ;;
+esac
+case " {real} " in
+  *" $2 "*) printf '%s\n' "$* (run)" >> {log}; exec {nox} "$@" ;;
 esac
 printf '%s\n' "$*" >> {log}
 echo "replay: \`nox $*\` substituted: not run (a vLLM test environment and its tests: hours; the workflow runs it)" >&2
@@ -199,7 +213,7 @@ exit 97
 '''
 
 
-def _shims(bin_dir: Path, checkout: Path, gh_log: Path, nox_log: Path) -> None:
+def _shims(bin_dir: Path, checkout: Path, gh_log: Path, nox_log: Path, real: tuple[str, ...] = ()) -> None:
     nox = shutil.which("nox")
     assert nox, "nox is not on PATH: the bump job installs it (pip install nox); the replay runs beside one"
     bin_dir.mkdir()
@@ -208,7 +222,7 @@ def _shims(bin_dir: Path, checkout: Path, gh_log: Path, nox_log: Path) -> None:
         "patchkit": f'#!/bin/sh\nPYTHONPATH={checkout / "src"} exec {sys.executable} -m patchkit "$@"\n',
         "gh": GH.format(python=sys.executable, log=str(gh_log), answers=str(DATA / "github-api"),
                         repository=GITHUB_REPOSITORY),
-        "nox": NOX.format(nox=nox, log=nox_log),
+        "nox": NOX.format(nox=nox, log=nox_log, real=" ".join(real)),
     }
     for name, text in scripts.items():
         (bin_dir / name).write_text(text)
@@ -247,7 +261,10 @@ def _substituted(step: dict) -> str | None:
     return None
 
 
-def replay(tmp: Path) -> Replay:
+def replay(tmp: Path, tested: bool = False) -> Replay:
+    """The job's steps in order. `tested`: the release's behaviour tests run for real (`nox -s release-V`, in
+    the release's test environment of the user cache, linked with uv's cache into the replay's home), so
+    the body reads their record; necessity and vLLM's own tests still stand in."""
     from test_sources import FakeIndex
 
     home, checkout, origin = tmp / "home", tmp / "checkout", tmp / "origin.git"
@@ -256,6 +273,12 @@ def replay(tmp: Path) -> Replay:
     for folder, paths in real_archives().items():
         for path in paths:
             _link(path, home / ".cache" / "patchkit" / folder)
+    if tested:
+        from patchkit.sources.cache import default_cache_root
+
+        (home / ".cache" / "patchkit" / "nox").symlink_to(default_cache_root() / "nox", target_is_directory=True)
+        (home / ".cache" / "uv").symlink_to(Path(os.environ.get("UV_CACHE_DIR", Path.home() / ".cache" / "uv")),
+                                           target_is_directory=True)
     subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True, capture_output=True)
     index = FakeIndex()
     for page in (DATA / "index").glob("*.json"):
@@ -263,7 +286,7 @@ def replay(tmp: Path) -> Replay:
     gh_log, nox_log = tmp / "gh.log", tmp / "nox.log"
     gh_log.touch()
     nox_log.touch()
-    _shims(tmp / "bin", checkout, gh_log, nox_log)
+    _shims(tmp / "bin", checkout, gh_log, nox_log, real=(f"release-{RELEASE}",) if tested else ())
     env = _environment(tmp, home, tmp / "bin", index.url, origin)
     job = bump_job()
     job_env = {k: substitute(str(v)) for k, v in job.get("env", {}).items()}
@@ -279,7 +302,8 @@ def replay(tmp: Path) -> Replay:
             script.write_text(substitute(step["run"]))
             step_env = env | job_env | {k: substitute(str(v)) for k, v in step.get("env", {}).items()}
             proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", str(script)], cwd=checkout,
-                                  env=step_env, capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
+                                  env=step_env, capture_output=True, text=True,
+                                  timeout=STEP_TIMEOUT_S * (6 if tested else 1))
             result.steps.append(StepRun(name, "run", proc.returncode, proc.stdout + proc.stderr))
             allowed = accepted(step)
             if allowed is not None and proc.returncode not in allowed:
@@ -300,12 +324,16 @@ def patch_set_digest(patches: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_golden(run: Replay) -> None:
-    RECORDS.mkdir(parents=True, exist_ok=True)
+def write_golden(run: Replay, records: Path = RECORDS, golden: Path = GOLDEN) -> None:
+    records.mkdir(parents=True, exist_ok=True)
     for name in RECORDED:
-        (RECORDS / name).write_text(run.text(run.checkout / "bump" / name))
-    (RECORDS / "patches.sha256").write_text(patch_set_digest(REPO / "patches"))
-    GOLDEN.write_text(run.body)
+        (records / name).write_text(run.text(run.checkout / "bump" / name))
+    (records / "patches.sha256").write_text(patch_set_digest(SERIES))
+    results = run.home / ".cache" / "patchkit" / "results"
+    for record in sorted(results.rglob("*.json")) if results.is_dir() else []:  # the tests' own, when they ran
+        (records / "results" / record.relative_to(results)).parent.mkdir(parents=True, exist_ok=True)
+        (records / "results" / record.relative_to(results)).write_text(run.text(record))
+    golden.write_text(run.body)
 
 
 @pytest.fixture(scope="module")
@@ -346,7 +374,7 @@ def test_the_steps_wrote_every_record_and_the_body(replayed):
 
 
 def test_the_body_is_the_golden_file(replayed):
-    digest = patch_set_digest(REPO / "patches")
+    digest = patch_set_digest(SERIES)
     assert replayed.body == GOLDEN.read_text(), (
         "the bump job's body on 0.34.0 changed"
         + ("" if (RECORDS / "patches.sha256").read_text() == digest else " (the patch set changed since it was recorded)")
@@ -397,15 +425,16 @@ def test_the_pull_request_is_opened_with_the_body_and_the_rebased_patches_pushed
 
 
 if __name__ == "__main__":  # regenerate the golden body and its records (the module's docstring)
-    if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: PYTHONPATH=src python tests/test_bump_workflow.py --write")
+    if sys.argv[1:] not in (["--write"], ["--write-tested"]):
+        sys.exit("usage: PYTHONPATH=src python tests/test_bump_workflow.py --write|--write-tested")
+    tested = sys.argv[1:] == ["--write-tested"]
     sys.path.insert(0, str(Path(__file__).parent))
     with tempfile.TemporaryDirectory(prefix="patchkit-bump-replay-") as folder:
-        found = replay(Path(folder))
+        found = replay(Path(folder), tested=tested)
         for step in found.steps:
             print(f"{step.name}: {step.how}, exit {step.returncode}", file=sys.stderr)
         job = bump_job()
         if len(found.steps) != len(job["steps"]):
             sys.exit("the job stopped early: " + found.steps[-1].output[-3000:])
-        write_golden(found)
-    print(f"wrote {GOLDEN} and {RECORDS}", file=sys.stderr)
+        write_golden(found, *((RECORDS_TESTED, GOLDEN_TESTED) if tested else (RECORDS, GOLDEN)))
+    print(f"wrote {GOLDEN_TESTED if tested else GOLDEN} and its records", file=sys.stderr)

@@ -43,6 +43,8 @@ RUN_034 = DATA / "run-0.34.0"
 GOLDEN_034 = DATA / "vllm-0.34.0.md"
 RUN_HELD = DATA / "run-0.34.0-held"
 GOLDEN_HELD = DATA / "vllm-0.34.0-held.md"
+RUN_TESTED = DATA / "run-0.34.0-tested"
+GOLDEN_TESTED = DATA / "vllm-0.34.0-tested.md"
 
 
 def run_args(run: Path = RUN, verify: str = "verify.json") -> list[str]:
@@ -232,6 +234,31 @@ def test_the_replayed_jobs_body_says_what_its_records_hold():
     assert finding.startswith("flashinfer-python 0.7.3 unpublished") and f"- companion: 0.34.0: {finding}" in text
     assert "## Kernel census of `vllm-0.34.0-cp38-abi3-manylinux_2_28_aarch64.whl`" in text
     assert "## Tracked upstream changes" in text and "behaviour tests on 0.34.0: **not run**" in text
+
+
+def test_the_tested_replays_records_render_its_golden_body(tmp_path):
+    """The replay whose `nox -s release-0.34.0` ran for real (tests/test_bump_workflow.py --write-tested): its
+    body, from its records alone, the test record read where the job's home held it."""
+    out = patchkit("bump", "body", "--release", "0.34.0", *run_args(RUN_TESTED), "--output", tmp_path / "body.md")
+    assert out.returncode == 0, out.stderr
+    text = (tmp_path / "body.md").read_text().replace(f"{RUN_TESTED.relative_to(REPO)}/results", "~/.cache/patchkit/results")
+    assert text == GOLDEN_TESTED.read_text(), (
+        "the bump body changed: regenerate tests/data/bump/vllm-0.34.0-tested.md (its README) and review the diff")
+
+
+def test_a_patch_is_rebased_only_where_its_tests_passed_on_the_release():
+    """On the real run: a patch whose anchors all still match on 0.34.0 is "rebased" only where its behaviour
+    tests passed there; nope-mla-pad's anchors match, its tests fail (0.34.0 serves the NoPE head natively, and
+    the pad would change what it serves): "re-anchored, tests failed", never rebased."""
+    text = GOLDEN_TESTED.read_text()
+    results = json.loads((RUN_TESTED / "results" / "vllm-0.34.0.json").read_text())["tests"]
+    rebase = json.loads((RUN_TESTED / "rebase.json").read_text())
+    for patch in rebase["written_patches"]:
+        module = f"tests/patches/test_{patch.replace('-', '_')}.py::"
+        outcomes = {t if isinstance(t, str) else t["outcome"] for n, t in results.items() if n.startswith(module)}
+        state = "rebased" if outcomes == {"passed"} else "re-anchored, tests failed"
+        assert f"- `{patch}`: **{state}**" in text, (patch, outcomes)
+    assert "- `nope-mla-pad`: **re-anchored, tests failed**" in text
 
 
 def test_regenerating_the_held_0_34_0_body_gives_its_golden_file(tmp_path):

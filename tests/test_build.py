@@ -333,8 +333,8 @@ def test_a_patch_out_of_range_is_left_out_and_named_as_skipped(base, tmp_path):
     the layer, and named in dev.patchkit.skipped with its state; the other patches are built as before."""
     patches = shutil.copytree(ROOT / "patches", tmp_path / "patches")
     toml = patches / "pool-topk-init" / "patch.toml"
-    assert toml.read_text().count('vllm = ">=0.30.0,<0.34"') == 1
-    toml.write_text(toml.read_text().replace('vllm = ">=0.30.0,<0.34"', 'vllm = ">=0.30.0,<0.33"'))
+    assert toml.read_text().count('vllm = ">=0.30.0,<0.35"') == 1
+    toml.write_text(toml.read_text().replace('vllm = ">=0.30.0,<0.35"', 'vllm = ">=0.30.0,<0.33"'))
     narrowed = load_patchset(patches)
     result = run_build("glm53-flash-nvfp4", tmp_path, base=f"{base['layout']}:base", patches_dir=patches,
                        dry_run=True)

@@ -98,7 +98,7 @@ def test_only_images_with_the_shim_load_the_nested_spelling(series):
 def test_every_nested_family_is_one_the_shim_renames():
     """The classifier and the patch agree on what "nested" is: each nested component it detects is the
     left-hand side of a rename in patches/naming-shim (or its fused-conv split)."""
-    text = PATCHES.patch(LOADERS[0]).edits[0].text
+    text = "".join(edit.text or "" for edit in PATCHES.patch(LOADERS[0]).edits)  # the renames and the conv split
     for component in ('".attn_hc.fn"', '".attn_hc.base"', '".attn_hc.scale"', '".ffn_hc.fn"', '".ffn_hc.base"',
                       '".ffn_hc.scale"', '".self_attn.forget_gate.A_log"', '".self_attn.forget_gate.dt_bias"',
                       '".self_attn.forget_gate.f_a_proj."', '".self_attn.forget_gate.f_b_proj."',

@@ -94,10 +94,12 @@ class ImageProof:
 
 
 class VariantNotServed(PatchkitError):
-    """A variant asked for is served by another image than the one given (exit 2)."""
+    """A `variant` asked for is served by another image (`wants`) than the one given, a build of `image`
+    (exit 2)."""
 
     def __init__(self, variant: str, wants: str, image: str):
         super().__init__(f"variant {variant} is served by image {wants}; {image} is a build of another image")
+        self.variant, self.wants, self.image = variant, wants, image
 
 
 def _labels(image: BaseImage) -> dict[str, str]:

@@ -38,7 +38,12 @@ MAX_LINK_HOPS = 40               # the kernel's own limit on symbolic links in o
 
 
 class RootfsError(PatchkitError):
-    """The image cannot be assembled or run here (exit 2); the message says which step and why."""
+    """The image cannot be assembled or run here (exit 2): `what` the step was at (an image path, the layer
+    cache, the image, the runner), `why` it cannot go on."""
+
+    def __init__(self, what: str, why: str):
+        super().__init__(f"{what}: {why}")
+        self.what, self.why = what, why
 
 
 @dataclass
@@ -73,7 +78,7 @@ def _inside(root: Path, name: str, follow_last: bool = False) -> Path:
         if (parts or follow_last) and here.is_symlink():
             hops += 1
             if hops > MAX_LINK_HOPS:
-                raise RootfsError(f"image path /{name}: more than {MAX_LINK_HOPS} symbolic links")
+                raise RootfsError(f"image path /{name}", f"more than {MAX_LINK_HOPS} symbolic links")
             target = os.readlink(here)
             if target.startswith("/"):
                 done = []
@@ -131,7 +136,7 @@ def _copy_tree(cached: Path, dest: Path) -> None:
     """A cached tree into `dest` as hard links (cp -al: metadata only), its completion mark left out."""
     proc = subprocess.run(["cp", "-al", f"{cached}/.", str(dest)], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
-        raise RootfsError(f"copying the cached layers {cached} into {dest}: {proc.stderr.strip()}")
+        raise RootfsError(f"copying the cached layers {cached} into {dest}", proc.stderr.strip())
     (dest / ".complete").unlink()
 
 
@@ -141,7 +146,7 @@ def assemble(image: BaseImage, dest: Path, cache: Path) -> Rootfs:
     layers = image.layers
     diff_ids = list(image.config.get("rootfs", {}).get("diff_ids") or [])
     if len(diff_ids) != len(layers) or not layers:
-        raise RootfsError(f"{image.spec}: {len(layers)} layers but {len(diff_ids)} diff_ids in its config")
+        raise RootfsError(image.spec, f"{len(layers)} layers but {len(diff_ids)} diff_ids in its config")
     below = len(layers) - 1
     reused = 0
     if below:
@@ -176,7 +181,7 @@ def emulator() -> str | None:
         return None
     found = shutil.which(QEMU)
     if found is None:
-        raise RootfsError(f"{QEMU} not found: this machine is {platform.machine()}, and the image's arm64 code "
+        raise RootfsError(QEMU, f"not found: this machine is {platform.machine()}, and the image's arm64 code "
                           "runs here only under qemu-user (Debian: apt-get install qemu-user-static)")
     return found
 
@@ -186,7 +191,7 @@ def run_inside(root: Path, argv: list[str], *, env: dict[str, str] | None = None
     """`argv` run with `root` as `/`, under `qemu` when given (copied into the root's helper folder)."""
     chroot = shutil.which("chroot") or shutil.which("chroot", path="/usr/sbin:/sbin")
     if os.geteuid() != 0 or chroot is None:
-        raise RootfsError("running inside an assembled image needs chroot(8) and root (CI and these machines run as root)")
+        raise RootfsError("running inside an assembled image", "needs chroot(8) and root (CI and these machines run as root)")
     prefix: list[str] = []
     if qemu:
         helper = root / HELPER_DIR
@@ -209,5 +214,5 @@ def run_inside(root: Path, argv: list[str], *, env: dict[str, str] | None = None
                                chroot, str(root), *prefix, *argv], capture_output=True, text=True, check=False,
                               timeout=timeout, env={**base_env, **(env or {})})
     except subprocess.TimeoutExpired:
-        raise RootfsError(f"{' '.join(argv[:3])} inside {root} ran past {timeout:.0f} s") from None
+        raise RootfsError(f"{' '.join(argv[:3])} inside {root}", f"ran past {timeout:.0f} s") from None
 

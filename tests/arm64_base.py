@@ -49,7 +49,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from isal import isal_zlib
+from realistic_base import LayerSink  # one gzip+sha256 sink for both bases' layers
 
 DATA = Path(__file__).resolve().parent / "data" / "arm64-base"
 DEBS_LOCK, WHEELS_LOCK, PINNED = DATA / "debs.lock", DATA / "wheels.lock", DATA / "PINNED"
@@ -292,28 +292,6 @@ def cleanup_stage(stage: Path) -> None:
 
 # ---- deterministic layers ----------------------------------------------------------------------------------
 
-class _Sink:
-    """Tar bytes in; the gzip out to a file, sha256 of the tar (diff_id) and of the gzip (digest)."""
-
-    def __init__(self, out):
-        self.out, self.tar_sha, self.gz_sha = out, hashlib.sha256(), hashlib.sha256()
-        self.gz = isal_zlib.compressobj(1, isal_zlib.DEFLATED, 31)
-        self.raw = 0
-
-    def write(self, data: bytes) -> None:
-        self.tar_sha.update(data)
-        self.raw += len(data)
-        packed = self.gz.compress(data)
-        self.out.write(packed)
-        self.gz_sha.update(packed)
-
-    def close(self) -> tuple[str, str]:
-        packed = self.gz.flush()
-        self.out.write(packed)
-        self.gz_sha.update(packed)
-        return "sha256:" + self.gz_sha.hexdigest(), "sha256:" + self.tar_sha.hexdigest()
-
-
 def _walk(stage: Path) -> list[Path]:
     found = []
     for dirpath, dirnames, filenames in os.walk(stage):
@@ -326,7 +304,7 @@ def write_layer(stage: Path, blobs: Path, created_by: str) -> dict:
     """One stage directory as a layer: entries sorted, mtime EPOCH, owner 0:0, modes as on disk."""
     tmp = blobs / "layer.partial"
     with open(tmp, "wb") as out:
-        sink = _Sink(out)
+        sink = LayerSink(out)
         for path in _walk(stage):
             st = path.lstat()
             info = tarfile.TarInfo(path.relative_to(stage).as_posix())

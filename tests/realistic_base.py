@@ -141,7 +141,7 @@ def real_files(kind: str) -> dict[str, bytes]:
     raise ValueError(kind)
 
 
-class _Sink:
+class LayerSink:
     """Tar bytes in; sha256 of the tar (diff_id) and of the gzip (digest) out, gzip written to a file."""
 
     def __init__(self, out):
@@ -197,7 +197,7 @@ def _entries(layer: LayerShape, scale: float) -> Iterator[tuple[str, str, int, b
 def write_layer(layer: LayerShape, scale: float, blobs: Path) -> dict:
     tmp = blobs / "layer.partial"
     with open(tmp, "wb") as out:
-        sink = _Sink(out)
+        sink = LayerSink(out)
         for name, kind, size, data in _entries(layer, scale):
             info = tarfile.TarInfo(name)
             info.mtime = MTIME

@@ -9,7 +9,9 @@ from builders import ENV_OK
 from builders import image_toml as root
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import ARCH_ENV, UnknownImage, load_image, load_images
+from patchkit.images.schema import InvalidImageFile
 from patchkit.patching.patchset import load_patchset
+from patchkit.tomlschema import InvalidDefinition
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELD_DIGEST = "sha256:905c02933be6021301db2dc284e24e3727467aa3a0f63b41d609885778a07bce"
@@ -98,6 +100,29 @@ def test_invalid_definitions_are_clear_errors(tmp_path, patchset, files, message
     d = write(tmp_path, files)
     with pytest.raises(PatchkitError, match=message):
         load_images(d, patchset)
+
+
+@pytest.mark.parametrize("files, at, problem, found", [
+    ({"a": root(digest="abc")}, "[base], key 'ref'", "base-ref", "example.org/base:tag@sha256:abc"),
+    ({"a": root().replace('name = "a"', 'name = "b"')}, "key 'name'", "folder-name", "name 'b'"),
+    ({"a": root(env='{ TORCH_CUDA_ARCH_LIST = "12.1a" }')}, "[env.vars], key 'FLASHINFER_CUDA_ARCH_LIST'",
+     "arch-env", "found None"),
+    ({"a": root(series='["nope-mla-pad", "no-such-patch"]')}, "[series], key 'patches'", "series", "no-such-patch"),
+    ({"a": root().replace('version = "0.33.0"', 'version = "0.33.0"\nlayout = "0.31.0.dev1"')},
+     "[packages.vllm], key 'layout'", "layout", "'0.31.0.dev1'"),
+    ({"a": child("a", "b"), "b": child("b", "a")}, "key 'parent'", "cycle", "a -> b -> a"),
+])
+def test_a_bad_definition_is_an_invalid_definition_naming_its_file_and_key(tmp_path, patchset, files, at, problem,
+                                                                          found):
+    """The rules between fields raise the same kind the schema does (tomlschema.InvalidDefinition), with the
+    file, the table and key, the rule broken and what was found there as fields, and the message says them."""
+    d = write(tmp_path, files)
+    with pytest.raises(InvalidDefinition) as info:
+        load_images(d, patchset)
+    error = info.value
+    assert isinstance(error, InvalidImageFile)
+    assert (Path(error.path).parent.parent, error.at, error.problem) == (d, at, problem)
+    assert found in error.detail and str(error) == f"{error.path}: {at}: {error.detail}"
 
 
 def test_unknown_image_name(tmp_path, patchset):

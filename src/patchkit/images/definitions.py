@@ -42,7 +42,8 @@ why = "..."
 files."linux/arm64" = { filename = "instanttensor-0.2.2-cp312-...-manylinux_2_28_aarch64.whl", sha256 = "<64 hex>" }
 ```
 
-`wheels`: each file is named exactly as the index lists it and pinned by the sha256 of the whole file;
+`wheels` (checked in images/wheel_pins.py): each file is named exactly as the index lists it and pinned
+by the sha256 of the whole file;
 the build takes the one for the image's platform (its tags must suit that platform and the Python of the
 `packages.vllm` path), so the definition says which bytes the image carries.
 
@@ -60,13 +61,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from packaging.tags import compatible_tags, cpython_tags
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from patchkit import tomlschema
 from patchkit.errors import PatchkitError
-from patchkit.images.schema import ImageFile
+from patchkit.images.schema import ImageFile, InvalidImageFile
+from patchkit.images.wheel_pins import WheelPin, pinned_wheels
 from patchkit.patching.patchset import Patch, PatchSet
 from patchkit.patching.series import FULL_SERIES
 from patchkit.sources.base import DISTRIBUTIONS
@@ -76,8 +76,6 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BASE_RE = re.compile(r"^(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 PLATFORMS = ("linux/arm64",)
-# Where a pinned wheel may be recorded for: the image platforms and the architecture of their wheel tags.
-WHEEL_PLATFORMS = {"linux/arm64": "aarch64", "linux/amd64": "x86_64"}
 
 # The DGX Spark GB10 target (compute capability 12.1, sm_121a) for the kernels vLLM, FlashInfer and
 # CuTe DSL compile at run time; every image carries them (field reference, 4p67 recipe).
@@ -100,22 +98,6 @@ class PackageSpec:
     @property
     def distribution(self) -> str:
         return DISTRIBUTIONS[self.name]
-
-
-@dataclass(frozen=True)
-class WheelPin:
-    """An extra wheel an image carries: the index's file for each platform, pinned by its sha256."""
-
-    name: str                              # canonical project name
-    version: str
-    files: dict[str, tuple[str, str]]      # platform -> (file name, sha256)
-    why: str
-
-    @property
-    def requirement(self) -> str:
-        """The line pip installs the same files from (`pip install --require-hashes -r FILE`)."""
-        hashes = " ".join(f"--hash=sha256:{sha}" for _, sha in sorted(set(self.files.values())))
-        return f"{self.name}=={self.version} {hashes}"
 
 
 @dataclass(frozen=True)
@@ -189,9 +171,11 @@ def load_image(images_dir: Path | str, name: str, patchset: PatchSet) -> Image:
 def _read(path: Path) -> ImageFile:
     doc = tomlschema.load(path, ImageFile)
     if doc.name != path.parent.name:
-        raise PatchkitError(f"{path}: name {doc.name!r} must equal the folder name {path.parent.name!r}")
+        raise InvalidImageFile(path, "key 'name'", "folder-name",
+                               f"name {doc.name!r} must equal the folder name {path.parent.name!r}")
     if not NAME_RE.match(path.parent.name):
-        raise PatchkitError(f"{path}: image name must be lower-case letters, digits, '.', '_' or '-'")
+        raise InvalidImageFile(path, "key 'name'", "image-name", f"image name {path.parent.name!r} must be "
+                               "lower-case letters, digits, '.', '_' or '-'")
     return doc
 
 
@@ -200,24 +184,25 @@ def _resolve(name: str, raw: dict[str, tuple[Path, ImageFile]], images_dir: Path
     if name in done:
         return done[name]
     if name in chain:
-        raise PatchkitError(f"image inheritance cycle: {' -> '.join((*chain, name))}")
+        raise InvalidImageFile(raw[chain[-1]][0], "key 'parent'", "cycle",
+                               f"image inheritance cycle: {' -> '.join((*chain, name))}")
     if name not in raw:
-        raise PatchkitError(f"{raw[chain[-1]][0]}: parent {name!r} has no {images_dir}/{name}/{IMAGE_FILE}")
+        raise InvalidImageFile(raw[chain[-1]][0], "key 'parent'", "parent",
+                               f"parent {name!r} has no {images_dir}/{name}/{IMAGE_FILE}")
     path, doc = raw[name]
-    where = str(path)
     parent = None
     if doc.parent is not None:
         if doc.parent == name:
-            raise PatchkitError(f"{where}: parent must name another image")
+            raise InvalidImageFile(path, "key 'parent'", "parent", f"parent must name another image, not {name!r}")
         parent = _resolve(doc.parent, raw, images_dir, patchset, done, (*chain, name))
 
     why = {"image": doc.why}
-    base_ref, base_source, platform = _base(doc, parent, where, why)
-    packages = _packages(doc, parent, where, why)
-    series = _series(doc, parent, patchset, where, why)
-    env = _env(doc, parent, series, patchset, where, why)
+    base_ref, base_source, platform = _base(doc, parent, path, why)
+    packages = _packages(doc, parent, path, why)
+    series = _series(doc, parent, patchset, path, why)
+    env = _env(doc, parent, series, patchset, path, why)
     labels = {**(parent.labels if parent else {}), **doc.labels}
-    wheels = {**(parent.wheels if parent else {}), **_wheels(doc, platform, packages, where)}
+    wheels = {**(parent.wheels if parent else {}), **pinned_wheels(doc, platform, packages["vllm"].path, path)}
     image = Image(name=name, title=doc.title, folder=path.parent, parent=doc.parent, base=base_ref,
                   base_source=base_source, platform=platform, packages=packages, series=series, env=env,
                   labels=labels, why=why, wheels=wheels)
@@ -225,162 +210,120 @@ def _resolve(name: str, raw: dict[str, tuple[Path, ImageFile]], images_dir: Path
     return image
 
 
-def _base(doc: ImageFile, parent: Image | None, where: str, why: dict) -> tuple[str, str, str]:
+def _base(doc: ImageFile, parent: Image | None, where: Path, why: dict) -> tuple[str, str, str]:
     table = doc.base
     if table is None:
         if parent is None:
-            raise PatchkitError(f"{where}: [base] is required (or name a parent image)")
+            raise InvalidImageFile(where, "[base]", "missing-table", "[base] is required (or name a parent image)")
         why["base"] = parent.why.get("base", "")
         return parent.base, parent.base_source, parent.platform
     if not BASE_RE.match(table.ref):
-        raise PatchkitError(f"{where}: [base], key 'ref': {table.ref!r} must be pinned by digest "
-                            "(NAME[:TAG]@sha256:<64 hex>): a tag alone moves, and what is patched would change with it")
+        raise InvalidImageFile(where, "[base], key 'ref'", "base-ref", f"{table.ref!r} must be pinned by digest "
+                               "(NAME[:TAG]@sha256:<64 hex>): a tag alone moves, and what is patched would change with it")
     if table.platform not in PLATFORMS:
-        raise PatchkitError(f"{where}: [base], key 'platform': platform {table.platform!r} is not one of {PLATFORMS}")
+        raise InvalidImageFile(where, "[base], key 'platform'", "platform",
+                               f"platform {table.platform!r} is not one of {PLATFORMS}")
     why["base"] = table.why
     return table.ref, table.source, table.platform
 
 
-def _packages(doc: ImageFile, parent: Image | None, where: str, why: dict) -> dict[str, PackageSpec]:
+def _packages(doc: ImageFile, parent: Image | None, where: Path, why: dict) -> dict[str, PackageSpec]:
     table = doc.packages
     if table is None:
         if parent is None:
-            raise PatchkitError(f"{where}: [packages.vllm] is required (or name a parent image)")
+            raise InvalidImageFile(where, "[packages.vllm]", "missing-table",
+                                   "[packages.vllm] is required (or name a parent image)")
         why.update({k: v for k, v in parent.why.items() if k.startswith("packages.")})
         return dict(parent.packages)
     if "vllm" not in table:
-        raise PatchkitError(f"{where}: [packages.vllm] is required")
+        raise InvalidImageFile(where, "[packages.vllm]", "missing-table",
+                               f"[packages.vllm] is required (found only {', '.join(sorted(table))})")
     out = {}
     for pkg, spec in table.items():
-        at = f"{where}: [packages.{pkg}]"
+        at = f"[packages.{pkg}]"
         if pkg not in DISTRIBUTIONS:
-            raise PatchkitError(f"{at}: unknown package; patchkit knows {', '.join(DISTRIBUTIONS)}")
+            raise InvalidImageFile(where, at, "unknown-package", f"unknown package {pkg!r}; patchkit knows "
+                                   f"{', '.join(DISTRIBUTIONS)}")
         pure = PurePosixPath(spec.path)
         if not pure.is_absolute() or ".." in pure.parts or pure.name != pkg:
-            raise PatchkitError(f"{at}, key 'path': {spec.path!r} must be the absolute directory of the {pkg} package")
+            raise InvalidImageFile(where, f"{at}, key 'path'", "package-path",
+                                   f"{spec.path!r} must be the absolute directory of the {pkg} package")
         if pkg == "vllm" and spec.version is None:
-            raise PatchkitError(f"{at}: missing required key `version` (the vLLM version inside the base)")
+            raise InvalidImageFile(where, at, "version", "missing required key `version` (the vLLM version inside the base)")
         for key, value in (("version", spec.version), ("layout", spec.layout)):
             if value is not None:
                 try:
                     Version(value)
                 except InvalidVersion:
-                    raise PatchkitError(f"{at}, key {key!r}: {value!r} is not a PEP 440 version") from None
+                    raise InvalidImageFile(where, f"{at}, key {key!r}", "version",
+                                           f"{value!r} is not a PEP 440 version") from None
         if spec.layout is not None and Version(spec.layout).is_prerelease:
-            raise PatchkitError(f"{at}, key 'layout': {spec.layout!r} must name a release")
+            raise InvalidImageFile(where, f"{at}, key 'layout'", "layout",
+                                   f"{spec.layout!r} must name a release, not a pre- or dev release")
         why[f"packages.{pkg}"] = spec.why
         out[pkg] = PackageSpec(pkg, str(pure), spec.version, spec.layout, spec.why)
     return out
 
 
-def _wheels(doc: ImageFile, platform: str, packages: dict[str, PackageSpec], where: str) -> dict[str, WheelPin]:
-    """The definition's own pinned wheels, each file checked against its name, version and platform and the
-    image's Python (from the vllm package path), so a pin no pip there would install fails here."""
-    out: dict[str, WheelPin] = {}
-    if not doc.wheels:
-        return out
-    found = re.search(r"/python(\d)\.(\d+)/", packages["vllm"].path)
-    if found is None:
-        raise PatchkitError(f"{where}: [wheels] needs the image's Python, read from [packages.vllm] path "
-                            f"{packages['vllm'].path!r}, which names no pythonX.Y folder")
-    python = (found[1], found[2])
-    for name, table in doc.wheels.items():
-        at = f"{where}: [wheels.{name}]"
-        if canonicalize_name(name) != name:
-            raise PatchkitError(f"{at}: write the project name as the index does: {canonicalize_name(name)!r}")
-        try:
-            version = Version(table.version)
-        except InvalidVersion:
-            raise PatchkitError(f"{at}, key 'version': {table.version!r} is not a PEP 440 version") from None
-        if platform not in table.files:
-            raise PatchkitError(f"{at}: no file for the image's platform {platform} (files for: "
-                                f"{', '.join(sorted(table.files)) or 'none'})")
-        files = {}
-        for plat, pinned in sorted(table.files.items()):
-            if plat not in WHEEL_PLATFORMS:
-                raise PatchkitError(f"{at}: platform {plat!r} is not one of {', '.join(WHEEL_PLATFORMS)}")
-            _check_wheel_file(pinned.filename, name, version, WHEEL_PLATFORMS[plat], python, f"{at}.files.{plat}")
-            files[plat] = (pinned.filename, pinned.sha256)
-        out[name] = WheelPin(name, str(version), files, table.why)
-    return out
-
-
-def _check_wheel_file(filename: str, name: str, version: Version, arch: str, python: tuple[str, str], at: str) -> None:
-    try:
-        project, found, _, tags = parse_wheel_filename(filename)
-    except (InvalidWheelFilename, InvalidVersion) as exc:
-        raise PatchkitError(f"{at}: {filename!r} is not a wheel's file name ({exc})") from None
-    if project != name or found != version:
-        raise PatchkitError(f"{at}: {filename} is {project} {found}'s, not {name} {version}'s")
-    platforms = [t.platform for t in tags]
-    if not all(p == "any" or (p.startswith(("manylinux", "musllinux", "linux_")) and p.endswith(f"_{arch}"))
-               for p in platforms):
-        raise PatchkitError(f"{at}: {filename} is for {', '.join(sorted(set(platforms)))}, not linux {arch}")
-    # What pip on that Python accepts: CPython's own tags, then the py3/abi3/none ones (packaging.tags).
-    version_info = (int(python[0]), int(python[1]))
-    accepted = {*cpython_tags(version_info, platforms=platforms), *compatible_tags(version_info, platforms=platforms)}
-    if not accepted & set(tags):
-        raise PatchkitError(f"{at}: {filename} does not install on the image's Python {'.'.join(python)} "
-                            f"(tags {', '.join(sorted(str(t) for t in tags))})")
-
-
-def _series(doc: ImageFile, parent: Image | None, patchset: PatchSet, where: str, why: dict) -> tuple[str, ...]:
+def _series(doc: ImageFile, parent: Image | None, patchset: PatchSet, where: Path, why: dict) -> tuple[str, ...]:
     table = doc.series
-    at = f"{where}: [series]"
     why["series"] = table.why
     if parent is None:
         if table.add is not None or table.patches is None:
-            raise PatchkitError(f"{at}: a root image lists its series as patches = [...] (add = needs a parent)")
+            raise InvalidImageFile(where, "[series]", "series",
+                                   "a root image lists its series as patches = [...] (add = needs a parent)")
         if not table.patches:
-            raise PatchkitError(f"{at}: patches is empty: an image without patches is its base")
-        return tuple(p.id for p in _checked(patchset, table.patches, at))
+            raise InvalidImageFile(where, "[series], key 'patches'", "series",
+                                   "patches is empty: an image without patches is its base")
+        return tuple(p.id for p in _checked(patchset, table.patches, where, "[series], key 'patches'"))
     if table.patches is not None or table.add is None:
-        raise PatchkitError(f"{at}: a child image extends its parent's series with add = [...]")
+        raise InvalidImageFile(where, "[series]", "series", "a child image extends its parent's series with add = [...]")
     again = sorted(set(table.add) & set(parent.series))
     if again:
-        raise PatchkitError(f"{at}: {again} already in the series of parent {parent.name}")
+        raise InvalidImageFile(where, "[series], key 'add'", "series", f"{again} already in the series of parent {parent.name}")
     for pid in table.add:
-        _checked(patchset, [pid], at)
+        _checked(patchset, [pid], where, "[series], key 'add'")
     order = {pid: i for i, pid in enumerate(patchset.order)}
     ids = sorted([*parent.series, *table.add], key=order.__getitem__)
-    return tuple(p.id for p in _checked(patchset, ids, at))
+    return tuple(p.id for p in _checked(patchset, ids, where, "[series], key 'add'"))
 
 
-def _checked(patchset: PatchSet, ids: list[str], at: str):
+def _checked(patchset: PatchSet, ids: list[str], where: Path, at: str):
+    """The patch set's own refusal (unknown ids, out of application order), placed in the image file."""
     try:
         return patchset.series(ids)
     except PatchkitError as exc:
-        raise PatchkitError(f"{at}: {exc}") from None
+        raise InvalidImageFile(where, at, "series", str(exc)) from None
 
 
-def _env(doc: ImageFile, parent: Image | None, series: tuple[str, ...], patchset: PatchSet, where: str,
+def _env(doc: ImageFile, parent: Image | None, series: tuple[str, ...], patchset: PatchSet, where: Path,
          why: dict) -> dict[str, str]:
     table = doc.env
-    at = f"{where}: [env]"
     env = dict(parent.env) if parent else {}
     if table is None:
         if parent is None:
-            raise PatchkitError(f"{at} is required")
+            raise InvalidImageFile(where, "[env]", "missing-table", "[env] is required (or name a parent image)")
         why["env"] = parent.why.get("env", "")
     else:
         why["env"] = table.why
         for key, value in table.vars.items():
             if not ENV_NAME_RE.match(key):
-                raise PatchkitError(f"{at}, key {key!r}: environment names are identifiers")
+                raise InvalidImageFile(where, f"[env.vars], key {key!r}", "env-name",
+                                       f"environment names are identifiers, not {key!r}")
             env[key] = value
     for key, value in ARCH_ENV.items():
         if env.get(key) != value:
-            raise PatchkitError(f"{at}: {key} must be {value!r} (the GB10 sm_121a target), "
-                                f"found {env.get(key)!r}")
+            raise InvalidImageFile(where, f"[env.vars], key {key!r}", "arch-env",
+                                   f"{key} must be {value!r} (the GB10 sm_121a target), found {env.get(key)!r}")
     # A patch's runtime switches (its patch.toml [image] env) are set exactly when the patch is in the
     # series: a switch without its code (or code without its switch) is an image that says one thing and
     # does another.
     for patch in patchset.series():
         for key, value in patch.image_env.items():
             if patch.id in series and env.get(key) != value:
-                raise PatchEnvMismatch(at, patch.id, key, value)
+                raise PatchEnvMismatch(f"{where}: [env]", patch.id, key, value)
             if patch.id not in series and key in env:
-                raise PatchEnvMismatch(at, patch.id, key, None)
+                raise PatchEnvMismatch(f"{where}: [env]", patch.id, key, None)
     return env
 
 

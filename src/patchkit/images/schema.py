@@ -7,7 +7,21 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from patchkit.tomlschema import InvalidDefinition
+
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1, pattern=r"\S")]
+
+
+class InvalidImageFile(InvalidDefinition):
+    """An image.toml that reads as its schema but breaks a rule between fields or images (exit 2). As for
+    any definition: `path` the image.toml, `at` the table and key ("[base], key 'ref'", "[wheels.x]"),
+    `detail` what was expected and what was found; `problem` one of "folder-name", "image-name",
+    "parent" (names itself or an image with no file), "cycle", "missing-table" ([base], [packages.vllm],
+    [env] in a root image), "base-ref" (not pinned by digest), "platform", "unknown-package",
+    "package-path", "version" (not PEP 440, or missing), "layout" (not a release), "series" (patches/add
+    as root or child image must, empty, again, unknown or out of order), "env-name", "arch-env" (a GB10
+    arch variable not the target's), "wheel-python", "wheel-name", "wheel-file" (not the project, version,
+    platform or Python the pin says)."""
 
 
 class _Table(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):

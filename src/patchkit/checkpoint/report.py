@@ -41,6 +41,8 @@ class PreflightReport:
         from rich.table import Table
 
         head = Table(title=f"preflight {self.variant} (image {self.image}): {self.root}", show_header=False)
+        head.add_column()
+        head.add_column(overflow="fold")  # paths, patch ids and sizes, never cut
         head.add_row("identity", f"config {self.identity['config_sha256'][:16]}… index {self.identity['index_sha256'][:16]}… ✓")
         head.add_row("declared", f"{self.declared['format']} {self.declared['quant_algo']} → vLLM --quantization {self.declared['vllm_method']}")
         head.add_row("tensors", f"{self.tensors:,} ({self.total_gib:.2f} GiB){'; header-only shards: ' + str(self.header_only_shards) if self.header_only_shards else ''}")
@@ -53,7 +55,7 @@ class PreflightReport:
         head.add_row("memory", f"{m['weights_gib_per_rank']:.2f} GiB weights/rank at TP={self.tp} + {m['kv_gib']:.2f} GiB KV + {m['reserve_gib']:.1f} reserve = {m['total_gib']:.2f} of {m['budget_gib']} GiB")
         fmt = Table(title="storage by module kind", show_lines=False)
         for col in ("kind", "part", "format", "modules", "GiB"):
-            fmt.add_column(col, justify="right" if col in ("modules", "GiB") else "left")
+            fmt.add_column(col, justify="right" if col in ("modules", "GiB") else "left", overflow="fold")
         for row in self.formats:
             fmt.add_row(row["kind"], row["part"], row["format"], f"{row['modules']:,}", f"{row['gib']:.2f}")
         lines = [f"[red]✗ {escape(p)}[/red]" for p in self.problems] + [f"[yellow]• {escape(n)}[/yellow]" for n in self.notes]

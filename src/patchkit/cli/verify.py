@@ -117,7 +117,7 @@ def _kernel_census(versions: str | None, platform: str, wheel_file: str | None, 
     else:
         table = Table(title=f"kernel census of {result.wheel}: code that loads on GB10 (sm_121)", title_justify="left")
         for col in ("kernel", "loads on sm_121", "all targets", "verdict"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")
         for row in result.rows:
             verdict = "[green]ok[/]" if row.loadable else ("[red]MISSING[/]" if row.need.required else "[yellow]none (not for GB10)[/]")
             if row.over_limits:  # loads, but a kernel of it cannot launch within GB10's registers or shared memory
@@ -164,7 +164,8 @@ def _jit_census(versions: str | None, as_json: bool) -> None:
         unit_version = next(r.version for r in rows if r.unit == unit)  # not `version`: the release, said below
         table = Table(title=f"{unit} {unit_version}: ptxas' resource use against GB10's limits (sm_121)", title_justify="left")
         for col in ("kernel", "arch", "regs", "spill B", "static B", "dynamic B", "limit B", "verdict"):
-            table.add_column(col, justify="left" if col in ("kernel", "arch", "verdict") else "right")
+            table.add_column(col, justify="left" if col in ("kernel", "arch", "verdict") else "right",
+                             overflow="fold")  # a kernel's name is what a person searches for
         for row in (r for r in rows if r.unit == unit):
             verdict = f"[green]{row.verdict}[/]" if row.ok else f"[red]{row.verdict}[/]"
             shown = row.kernel if "<" in row.kernel else row.name.split("<")[0].rsplit("::", 1)[-1] + row.name[

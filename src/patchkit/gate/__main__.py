@@ -110,7 +110,7 @@ def _gate(console: Console, patches_dir: Path, narrow: tuple[str, ...], subset: 
 
 def _show(console: Console, comparison, confirmed, flaky, blamed) -> None:
     counts = Table(title="outcomes per tree (tests that cannot run on CPU fail or skip alike)")
-    counts.add_column("outcome")
+    counts.add_column("outcome", overflow="fold")
     counts.add_column("stock", justify="right")
     counts.add_column("patched", justify="right")
     stock, patched = comparison.counts("stock"), comparison.counts("patched")

@@ -116,7 +116,7 @@ class Receipt:
 
         table = Table(title=f"smoke {self.variant}: {'PASSED' if self.ok else 'FAILED'}")
         for col in ("level", "what", "detail"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")  # a detail holds the log line and its fix, never cut
         colour = {"fail": "red", "warn": "yellow", "ok": "green"}
         for f in self.findings:
             table.add_row(f"[{colour[f['level']]}]{f['level']}[/]", f["what"], escape(f["detail"]))

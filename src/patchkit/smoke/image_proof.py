@@ -83,7 +83,7 @@ class ImageProof:
         table = Table(title=f"in-image proof of {self.digest} ({self.platform}, Python {self.python}, "
                             f"{'qemu-user' if self.emulator else 'native'})")
         for col in ("check", "ok", "detail"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")  # never cut: a detail names the path or package at fault
         for c in self.checks:
             table.add_row(c.name, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail if not c.ok else "")
         parts = [table, *self.smoke]

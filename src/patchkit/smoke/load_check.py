@@ -34,7 +34,7 @@ class SmokeReport:
 
         table = Table(title=f"quantprobe {self.variant} on {self.vllm}")
         for col in ("layer", "prefix", "algo", "stored", "expected"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")  # a prefix is a module path to look up whole
         for r in self.rows:
             if r.get("expected") or r["algo"] != "None" or r["stored"] != "BF16":
                 mark = "" if r.get("verdict", "ok") == "ok" else "[red]"

@@ -1,5 +1,5 @@
 """A real OpenSSH server on 127.0.0.1 for the ssh:// routes (`patchkit smoke --host ssh://...`,
-`patchkit doctor --host ssh://...`): Debian's openssh-server with its own config, host key, client key and
+`patchkit doctor host ssh://...`): Debian's openssh-server with its own config, host key, client key and
 a free port, stopped by its pid on exit.
 
     with SshServer(workdir, env={"DOCKER_HOST": url}) as sshd:

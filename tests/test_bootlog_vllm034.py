@@ -188,7 +188,7 @@ def test_the_deep_gemm_cause_names_no_release_before_0_34_0():
 def test_doctor_names_the_flashkda_cause_and_fix_end_to_end(tmp_path):
     log = tmp_path / "boot.log"
     log.write_text(CAUSE["flashkda-import"].sample + "\n")
-    run = subprocess.run([sys.executable, "-m", "patchkit", "doctor", str(log), "--json"], capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "patchkit", "doctor", "log", str(log), "--json"], capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 1, run.stderr
     data = json.loads(run.stdout)

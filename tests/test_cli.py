@@ -282,7 +282,7 @@ def test_folders_are_options_of_every_command_that_reads_them(tmp_path):
     assert r.returncode == 0 and [p["id"] for p in json.loads(r.stdout)["patches"]] == ["nope-mla-pad"], r.stderr
     r = cli("list", "--patches", REPO_PATCHES, "--series", "glm53-flash-nvfp4", "--images", images)
     assert r.returncode == 2 and f"unknown series 'glm53-flash-nvfp4': use 'full' or an image name of {images} (a)" in r.stderr
-    for command in (("serve-args", "lab"), ("doctor", "-", "--variant", "lab"), ("preflight", tmp_path, "--variant", "lab"),
+    for command in (("serve-args", "lab"), ("doctor", "log", "-", "--variant", "lab"), ("preflight", tmp_path, "--variant", "lab"),
                     ("smoke", "lab", "--cpu")):
         r = cli(*command, "--images", images)
         assert r.returncode == 2 and f"no variant.toml under {images}" in r.stderr, (command, r.stderr)

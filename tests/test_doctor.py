@@ -1,4 +1,4 @@
-"""`patchkit doctor`: the real command on real public logs (and the hand-written lab boots), exit codes and JSON."""
+"""`patchkit doctor log`: the real command on real public logs (and the hand-written lab boots), exit codes and JSON."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ LOGS = Path(__file__).parent / "data" / "boot-logs"
 
 
 def doctor(*args, stdin: str | None = None):
-    return subprocess.run([sys.executable, "-m", "patchkit", "doctor", *map(str, args)], check=False,
+    return subprocess.run([sys.executable, "-m", "patchkit", "doctor", "log", *map(str, args)], check=False,
                           capture_output=True, text=True, input=stdin, timeout=120)
 
 
@@ -127,7 +127,7 @@ def test_a_log_that_is_a_directory_exits_2(tmp_path):
 
 
 def test_a_log_on_a_closed_stdin_exits_2():
-    run = subprocess.run([sys.executable, "-m", "patchkit", "doctor", "-"], check=False, capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "patchkit", "doctor", "log", "-"], check=False, capture_output=True,
                          text=True, timeout=120, stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0))
     assert run.returncode == 2 and "standard input is closed" in run.stderr and "Traceback" not in run.stderr
 

@@ -1,11 +1,11 @@
-"""`patchkit doctor --host`: a Spark's prerequisites, each check with its fix.
+"""`patchkit doctor host`: a Spark's prerequisites, each check with its fix.
 
 The checks read recorded outputs of the real tools (tests/data/host/, provenance in tests/data/README.md)
 through the same `Commands` interface the local and ssh runners implement: this machine's own outputs
 where the tool exists here (uname, nvcc of CUDA 13.0, free, id, docker version against dockerd and
 podman), a Spark's real `nvidia-smi` banner and `free` from a public record, GB10's CSV query written by hand from
 the documented format (no GPU here). End to end,
-`patchkit doctor --host` runs the real tools of this machine, where nvidia-smi is absent.
+`patchkit doctor host` runs the real tools of this machine, where nvidia-smi is absent.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def test_a_tool_that_hangs_or_floods_is_bounded(tmp_path):
     flood = tmp_path / "uname"
     flood.write_text("#!/bin/sh\nexec yes aarch64\n")
     flood.chmod(flood.stat().st_mode | stat.S_IXUSR)
-    outcome = run_patchkit("doctor", "--host", env={"PATH": f"{tmp_path}:{os.environ['PATH']}",
+    outcome = run_patchkit("doctor", "host", env={"PATH": f"{tmp_path}:{os.environ['PATH']}",
                                                    "PATCHKIT_LIMIT_TOOL_OUTPUT": "65536"})
     assert_refused(outcome, "the output of `uname -m`", "65,536 B", "PATCHKIT_LIMIT_TOOL_OUTPUT")
 
@@ -241,7 +241,7 @@ def test_a_tool_that_hangs_or_floods_is_bounded(tmp_path):
 
 
 def test_doctor_host_on_this_machine(tmp_path):
-    outcome = run_patchkit("doctor", "--host", "--variant", "lab", "--json", timeout=120)
+    outcome = run_patchkit("doctor", "host", "--variant", "lab", "--json", timeout=120)
     assert_no_crash(outcome)
     assert outcome.code == 1, outcome.output[-3000:]
     data = json.loads(outcome.stdout)
@@ -251,19 +251,19 @@ def test_doctor_host_on_this_machine(tmp_path):
     assert checks["architecture"]["found"] == f"{os.uname().machine}, not aarch64"
     assert checks["gpu"]["found"] == "nvidia-smi not found: no NVIDIA driver on this host"
     assert checks["nvcc"]["level"] == "ok" and "CUDA 13." in checks["nvcc"]["found"]
-    table = run_patchkit("doctor", "--host", timeout=120)
-    assert table.code == 1 and "doctor --host local: NOT READY" in table.stdout and "nvidia-smi not found" in table.stdout
+    table = run_patchkit("doctor", "host", timeout=120)
+    assert table.code == 1 and "doctor host local: NOT READY" in table.stdout and "nvidia-smi not found" in table.stdout
 
 
 def test_doctor_host_refuses_bad_input(tmp_path):
-    assert_refused(run_patchkit("doctor", "--host", "spark1"), "'spark1'", "ssh://[USER@]HOST[:PORT]")
-    assert_refused(run_patchkit("doctor", "--host", "ssh://spark1:x22"), "the port 'x22' is not a number")
-    assert_refused(run_patchkit("doctor", "some.log", "--host"), "not both")
-    assert_refused(run_patchkit("doctor"), "give a LOG")
-    assert_refused(run_patchkit("doctor", "x.log", "--image", "img"), "go with --host")
-    assert_refused(run_patchkit("doctor", "--host", "--variant", "no-such-variant"), "no-such-variant")
+    assert_refused(run_patchkit("doctor", "host", "spark1"), "'spark1'", "ssh://[USER@]HOST[:PORT]")
+    assert_refused(run_patchkit("doctor", "host", "ssh://spark1:x22"), "the port 'x22' is not a number")
+    assert_refused(run_patchkit("doctor", "host", "some.log"), "'some.log'", "ssh://[USER@]HOST[:PORT]")
+    assert_refused(run_patchkit("doctor"), "log", "host", "serving")  # the subcommands, named
+    assert_refused(run_patchkit("doctor", "log", "x.log", "--image", "img"), "No such option '--image'")
+    assert_refused(run_patchkit("doctor", "host", "--variant", "no-such-variant"), "no-such-variant")
     # An ssh host that refuses the connection: nothing can be checked there (ssh exits 255).
-    refused = run_patchkit("doctor", "--host", "ssh://127.0.0.1:1", timeout=60)
+    refused = run_patchkit("doctor", "host", "ssh://127.0.0.1:1", timeout=60)
     assert_refused(refused, "ssh://127.0.0.1:1: cannot run commands there over ssh", "Connection refused")
 
 
@@ -276,7 +276,7 @@ def test_doctor_host_over_ssh(dockerd, tmp_path):
     """A real sshd on 127.0.0.1 whose sessions see DOCKER_HOST at a real dockerd: every check runs through
     `ssh HOST -- CMD`, and the engine answers."""
     with SshServer(tmp_path / "sshd", env={"DOCKER_HOST": dockerd.url}) as sshd:
-        outcome = run_patchkit("doctor", "--host", sshd.url, "--host", "--json", env=sshd.client_env, timeout=120)
+        outcome = run_patchkit("doctor", "host", sshd.url, "local", "--json", env=sshd.client_env, timeout=120)
     assert_no_crash(outcome)
     data = json.loads(outcome.stdout)
     remote, local = data["hosts"]
@@ -385,5 +385,5 @@ def test_deep_gemms_nvcc_is_checked_for_0_34_and_unknown_releases_only(monkeypat
     check = by_name(check_host(in_image, LAB, image=STANDIN, vllm="0.34.0"))["nvcc (DeepGEMM)"]
     assert check.level == "fail" and check.found.startswith(f"DeepGEMM's nvcc in {STANDIN}: CUDA home /usr/local/cuda does not exist")
     assert "image that carries the CUDA 13 toolkit" in check.fix
-    assert_refused(run_patchkit("doctor", "--host", "--vllm", "zero.34"), "--vllm 'zero.34' is not a version")
-    assert_refused(run_patchkit("doctor", "x.log", "--vllm", "0.34.0"), "go with --host")
+    assert_refused(run_patchkit("doctor", "host", "--vllm", "zero.34"), "--vllm 'zero.34' is not a version")
+    assert_refused(run_patchkit("doctor", "log", "x.log", "--vllm", "0.34.0"), "No such option '--vllm'")

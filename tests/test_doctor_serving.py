@@ -1,4 +1,4 @@
-"""`patchkit doctor --serving URL`: the smoke's serving probes against a running server, judged as a client
+"""`patchkit doctor serving URL`: the smoke's serving probes against a running server, judged as a client
 reads the answers.
 
 The server is a real HTTP server on 127.0.0.1 that answers each probe with a recorded chat completion
@@ -75,7 +75,7 @@ def _doctor(*args: str):
 
 def test_a_server_that_splits_right_passes():
     with RecordedServer(GOOD) as server:
-        result = _doctor("--serving", server.url, "--model", "glm53", "--json")
+        result = _doctor("serving", server.url, "--model", "glm53", "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["ok"] and set(report["probes"]) == set(GOOD)
@@ -92,14 +92,14 @@ def test_a_server_that_splits_right_passes():
 def test_each_recorded_mis_split_fails_naming_its_patch(probe, answer, names):
     """A server without the patch answers as recorded: exit 1, the finding naming the patch that fixes it."""
     with RecordedServer({**GOOD, probe: answer}) as server:
-        result = _doctor("--serving", server.url, "--model", "glm53")
+        result = _doctor("serving", server.url, "--model", "glm53")
     assert result.exit_code == 1, result.output
     assert "MIS-SPLITS" in result.output and names in result.output.replace("\n", "")
 
 
 def test_the_variant_gives_the_served_name():
     with RecordedServer(GOOD) as server:
-        result = _doctor("--serving", server.url, "--variant", "lab", "--json")
+        result = _doctor("serving", server.url, "--variant", "lab", "--json")
     assert result.exit_code == 0, result.output
     assert {b["model"] for b in server.asked} == {json.loads(result.output)["model"]} == {"glm53"}
 
@@ -107,15 +107,18 @@ def test_the_variant_gives_the_served_name():
 def test_no_server_fails_each_probe_without_a_traceback():
     with RecordedServer(GOOD) as server:
         url = server.url
-    result = _doctor("--serving", url, "--model", "glm53", "--json")
+    result = _doctor("serving", url, "--model", "glm53", "--json")
     assert result.exit_code == 1, result.output
     assert all(not p["ok"] and p["error"].startswith("no answer") for p in json.loads(result.output)["probes"].values())
 
 
 @pytest.mark.parametrize("args", [
-    ["--serving", "http://127.0.0.1:8000/v1", "--model", "glm53"],  # a path: the probes add /v1/...
-    ["--serving", "ftp://127.0.0.1:8000", "--model", "glm53"],
-    ["--serving", "http://127.0.0.1:8000"],  # no model name
+    ["serving", "http://127.0.0.1:8000/v1", "--model", "glm53"],  # a path: the probes add /v1/...
+    ["serving", "ftp://127.0.0.1:8000", "--model", "glm53"],
+    ["serving", "http://127.0.0.1:8000"],  # no model name
+    ["serving", "http://127.0.0.1:8000", "some.log", "--model", "glm53"],
+    ["log", "some.log", "--model", "glm53"],  # --model is serving's
+    # the spellings before the subcommands, still refused when they mix modes
     ["some.log", "--serving", "http://127.0.0.1:8000", "--model", "glm53"],
     ["some.log", "--model", "glm53"],
 ])

@@ -305,12 +305,12 @@ def test_a_patch_text_file_or_patch_toml_that_is_no_bounded_regular_file_is_refu
 def test_a_boot_log_that_is_no_bounded_regular_file_is_refused(tmp_path, make, found):
     log = tmp_path / "boot.log"
     make(log)
-    assert_refused(run_patchkit("doctor", str(log)), "boot.log", found)
+    assert_refused(run_patchkit("doctor", "log", str(log)), "boot.log", found)
 
 
 def test_a_log_on_stdin_past_the_boot_log_limit_is_refused():
     text = (LOGS / "lab-good.log").read_bytes()
-    outcome = run_patchkit("doctor", "-", stdin=text * 4, env={"PATCHKIT_LIMIT_BOOT_LOG": str(len(text) * 2)})
+    outcome = run_patchkit("doctor", "log", "-", stdin=text * 4, env={"PATCHKIT_LIMIT_BOOT_LOG": str(len(text) * 2)})
     assert_refused(outcome, "the log on stdin", "limit for a boot-log")
 
 
@@ -338,7 +338,7 @@ def test_a_2mb_near_miss_line_is_judged_not_hung_on(tmp_path, cause):
     log = tmp_path / "boot.log"
     real = (LOGS / "public/sfxnz-nvidia-killed-boot.log").read_bytes()
     log.write_bytes(real + _two_mb(NEAR_MISSES[cause]))
-    outcome = run_patchkit("doctor", str(log), "--json", env={"PATCHKIT_LIMIT_LOG_LINE": str(4 * MiB)})
+    outcome = run_patchkit("doctor", "log", str(log), "--json", env={"PATCHKIT_LIMIT_LOG_LINE": str(4 * MiB)})
     assert_no_crash(outcome)
     verdict = json.loads(outcome.stdout)
     assert outcome.code == 1 and cause not in [c["cause"] for c in verdict["causes"]]
@@ -348,7 +348,7 @@ def test_a_2mb_near_miss_line_is_judged_not_hung_on(tmp_path, cause):
 def test_a_line_past_the_log_line_limit_is_cut_and_the_verdict_says_so(tmp_path):
     real = (LOGS / "lab-good.log").read_bytes()
     line = _two_mb(NEAR_MISSES["spec-metrics"])
-    outcome = run_patchkit("doctor", "-", "--variant", "lab", "--json", stdin=line + real)
+    outcome = run_patchkit("doctor", "log", "-", "--variant", "lab", "--json", stdin=line + real)
     assert_no_crash(outcome)
     verdict = json.loads(outcome.stdout)
     assert verdict["cut_lines"] == {"count": 1, "first": [1], "limit_bytes": limit_of("log-line")}

@@ -65,7 +65,7 @@ _KDA_FILES = ("vllm/models/glm5next/common/kda.py", "vllm/models/glm5next/nvidia
 # DeepGEMM's JIT is what the GLM sparse indexer's logits run on (models/glm5next/nvidia/sparse_indexer.py).
 _NVCC13 = ("install the CUDA 13 toolkit (nvcc 13.0; DeepGEMM needs 12.9 or newer) where vLLM runs, on the host for "
            "the wheel path or in the image, and point CUDA_HOME at it (vLLM 0.34.0 looks at CUDA_HOME, CUDA_PATH, "
-           "the nvcc on PATH, then /usr/local/cuda); `patchkit doctor --host --vllm 0.34.0` checks it before a boot")
+           "the nvcc on PATH, then /usr/local/cuda); `patchkit doctor host --vllm 0.34.0` checks it before a boot")
 
 
 # Order matters: a specific root cause wins over the generic engine-death lines that follow it.

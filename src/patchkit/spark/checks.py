@@ -1,4 +1,4 @@
-"""`patchkit doctor --host [ssh://HOST]`: what a DGX Spark needs before the first serve, each check named
+"""`patchkit doctor host [ssh://HOST]...`: what a DGX Spark needs before the first serve, each check named
 with its fix.
 
 Every check reads what a real tool prints (`uname -m`, `nvidia-smi --query-gpu=...`, `nvcc --version`,

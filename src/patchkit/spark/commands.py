@@ -99,12 +99,12 @@ class SshCommands:
 
     def __init__(self, url: str):
         if not url.startswith("ssh://") or not url[len("ssh://"):]:
-            raise PatchkitError(f"--host {url!r}: give `local` or ssh://[USER@]HOST[:PORT]")
+            raise PatchkitError(f"host {url!r}: give `local` or ssh://[USER@]HOST[:PORT]")
         self.where = url
         rest = url[len("ssh://"):].rstrip("/")
         dest, _, port = rest.rpartition(":") if ":" in rest.split("@")[-1] else (rest, "", "")
         if port and not port.isdigit():
-            raise PatchkitError(f"--host {url!r}: the port {port!r} is not a number")
+            raise PatchkitError(f"host {url!r}: the port {port!r} is not a number")
         self.dest, self.port = dest, port
 
     def run(self, argv: tuple[str, ...], timeout: float = TIMEOUT_S) -> Output:

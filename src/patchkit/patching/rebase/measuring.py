@@ -13,6 +13,7 @@ from patchkit.patching.patchset import Edit, Patch, PatchSet, load_patchset
 from patchkit.patching.rebase.checks import check
 from patchkit.patching.rebase.model import RebaseState
 from patchkit.patching.rebase.propose import rebase
+from patchkit.patching.rebase.records import person_record
 from patchkit.patching.rebase.search import in_range
 from patchkit.patching.rebase.writing import set_files, trailing_blank
 from patchkit.patching.record import split_edits
@@ -68,7 +69,7 @@ def measure(patches_dir: Path, old: Source, new: Source, work: Path) -> dict:
             # different text counts only where the whole patch does the same on the new release
             "recovered": len(later) if same_effect and r.state != RebaseState.NEEDS_PERSON else len(identical),
             "same_effect_on_new_release": same_effect,
-            "needs_person": [n.to_dict() for n in r.people],
+            "needs_person": [person_record(n).to_dict() for n in r.people],
             "proposals": len(r.proposals), "state": str(r.state),
         }
     return {"from": result.old, "to": result.new, "patches": out, "rebased_dir": str(work / "rebased"),

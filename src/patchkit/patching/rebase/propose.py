@@ -17,7 +17,7 @@ from packaging.version import Version
 from patchkit.patching import planner
 from patchkit.patching.patchset import Edit, Patch
 from patchkit.patching.probes import probe_hit
-from patchkit.patching.rebase.model import PatchRebase, Proposal, Rebase, RebaseState
+from patchkit.patching.rebase.model import PatchRebase, Proposal, ProposalKind, Rebase, RebaseState
 from patchkit.patching.rebase.search import Reader, in_range, rebase_edit
 from patchkit.patching.record import RecordedEdit
 from patchkit.sources.base import Source
@@ -121,7 +121,7 @@ def _rebase_patch(patch: Patch, reader: Reader, versions: dict, old_versions: di
                 continue  # covered by an edit for the new releases, or not an edit of the old release
             outcome = rebase_edit(edit, reader, version, split=None)
             if isinstance(outcome, Proposal):
-                outcome.kind = "successor"
+                outcome.kind = ProposalKind.SUCCESSOR
                 outcome.old_versions = None
                 outcome.new = RecordedEdit(**{**outcome.new.__dict__, "candidates": (outcome.evidence.new_path,),
                                               "versions": _successor_range(edit, version)})

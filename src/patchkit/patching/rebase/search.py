@@ -14,7 +14,7 @@ from packaging.version import Version
 from patchkit.patching import anchors
 from patchkit.patching.diagnostics import nearest_match
 from patchkit.patching.patchset import Edit
-from patchkit.patching.rebase.model import Evidence, NeedsPerson, Proposal, RebaseRefused
+from patchkit.patching.rebase.model import Evidence, NeedsPerson, Proposal, ProposalKind, RebaseRefused
 from patchkit.patching.record import RecordedEdit
 from patchkit.sources.base import Source
 
@@ -206,9 +206,9 @@ def rebase_edit(edit: Edit, reader: Reader, version: str, *, split: str | None) 
         if moved:  # the file moved, the anchor did not: one more candidate, as the hand-written patches do
             new = RecordedEdit(edit.package, (*edit.candidates, new_path), edit.action, edit.anchor, edit.text,
                                edit.count)
-            return Proposal(edit, "moved", new, None, ev)
+            return Proposal(edit, ProposalKind.MOVED, new, None, ev)
         new = RecordedEdit(edit.package, (new_path,), edit.action, edit.anchor, edit.text, edit.count)
-        return Proposal(edit, "moved" if moved else "re-anchored", new, split, ev)
+        return Proposal(edit, ProposalKind.MOVED if moved else ProposalKind.RE_ANCHORED, new, split, ev)
 
     # The three-way step: align the old file to the new one and read off what replaced the anchor's lines.
     old_lines, new_lines = old_text.splitlines(keepends=True), new_text.splitlines(keepends=True)
@@ -267,4 +267,4 @@ def rebase_edit(edit: Edit, reader: Reader, version: str, *, split: str | None) 
         return NeedsPerson(edit, "the new release already has the edit's applied form: upstreamed?",
                            [f"{new_path} line {b0 + 1}"])
     new = RecordedEdit(edit.package, (new_path,), edit.action, anchor, text, edit.count)
-    return Proposal(edit, "re-anchored", new, split, ev)
+    return Proposal(edit, ProposalKind.RE_ANCHORED, new, split, ev)

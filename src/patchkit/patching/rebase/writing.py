@@ -17,7 +17,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 from patchkit.patching.patchset import folder_digest
-from patchkit.patching.rebase.model import PatchRebase, Rebase, RebaseRefused
+from patchkit.patching.rebase.model import PatchRebase, ProposalKind, Rebase, RebaseRefused
 from patchkit.patching.record import (
     LONG_TEXT_LINES,
     RecordedEdit,
@@ -85,7 +85,7 @@ def render(result: PatchRebase) -> tuple[str, dict[str, str]]:
             continue
         body, tail = trailing_blank(chunk)
         new = proposal.new
-        if proposal.kind == "moved" and proposal.old_versions is None:
+        if proposal.kind == ProposalKind.MOVED and proposal.old_versions is None:
             out.append(set_files(body, new.candidates) + tail)  # the old edit, one candidate more
             continue
         if proposal.old_versions is not None:

@@ -96,7 +96,9 @@ class Records:
 
 
 def patch_tests(patch_id: str) -> str:
-    return f"tests/patches/test_{patch_id.replace('-', '_')}.py::"
+    from patchkit.patching.test_files import behaviour_test_prefix
+
+    return behaviour_test_prefix(patch_id)
 
 
 def series():

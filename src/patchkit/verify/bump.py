@@ -14,9 +14,10 @@ from __future__ import annotations
 from patchkit.patching.planner import State
 from patchkit.patching.rebase.model import EXIT_FAILED, EXIT_WRITTEN, RebaseState
 from patchkit.patching.rebase.records import PatchRecord, RebaseRecord
+from patchkit.patching.test_files import behaviour_test_prefix
 from patchkit.verify.bump_records import BumpRun, code, load_run
 from patchkit.verify.render import _longest_run, _md
-from patchkit.verify.retire import Kind, Retirement, RunRecord, test_prefix
+from patchkit.verify.retire import Kind, Retirement, RunRecord
 
 __all__ = ["BumpRun", "body", "load_run"]
 
@@ -50,7 +51,7 @@ def shown_state(run: BumpRun, p: PatchRecord) -> tuple[RebaseState, str]:
     own = [t for t in run.rebase.tests if t.patch == p.patch]
     if own and all(t.passed for t in own):
         return RebaseState.REBASED, ""
-    passed, failed, _ = _counts(run.tests, test_prefix(p.patch))
+    passed, failed, _ = _counts(run.tests, behaviour_test_prefix(p.patch))
     record = f"the release's test record: {passed} passed" + (f", {failed} failed" if failed else "")
     if failed:
         return RebaseState.TESTS_FAILED, record
@@ -203,13 +204,13 @@ def _tests_section(run: BumpRun) -> list[str]:
     verdicts = {v.patch_id: v for v in run.retire.verdicts} if run.retire else {}
     lines += ["| patch | with the rebased series | without it (`patch-necessity`) | retirement |", "|---|---|---|---|"]
     for patch in _patch_ids(run):
-        passed, failed, skipped = _counts(run.tests, test_prefix(patch))
+        passed, failed, skipped = _counts(run.tests, behaviour_test_prefix(patch))
         cell = f"{passed} passed" + (f", **{failed} failed**" if failed else "") + (f", {skipped} skipped" if skipped else "")
         without = (run.necessity or {}).get(patch)
         if without is None:
             necessity = "not run"
         else:
-            w_passed, w_failed, _ = _counts(without, test_prefix(patch))
+            w_passed, w_failed, _ = _counts(without, behaviour_test_prefix(patch))
             necessity = f"fails without it ({w_failed} failed)" if w_failed else f"**passes without it** ({w_passed} passed)"
         verdict = verdicts[patch].verdict if patch in verdicts else "-"
         lines.append(f"| `{patch}` | {cell} | {necessity} | {_md(verdict)} |")

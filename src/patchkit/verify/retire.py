@@ -46,6 +46,7 @@ from patchkit.errors import PatchkitError
 from patchkit.jsondata import decode
 from patchkit.patching import planner, probes
 from patchkit.patching.patchset import Patch
+from patchkit.patching.test_files import behaviour_test_prefix
 from patchkit.sources.base import Source
 from patchkit.untrusted import read_file
 
@@ -117,10 +118,6 @@ class RetireRecord(msgspec.Struct):
         return msgspec.to_builtins(self)
 
 
-def test_prefix(patch_id: str) -> str:
-    return f"tests/patches/test_{patch_id.replace('-', '_')}.py::"
-
-
 def assert_only(patch: Patch) -> bool:
     return all(e.action == "assert" for e in patch.edits)
 
@@ -186,7 +183,7 @@ def verdict(patch: Patch, release: str, source: Source | None, results: Path | N
         return _by_hand(verdict(replace(patch, upstreamed=None), release, None, results), evidence)
     if hit:
         evidence.append(hit)
-    prefix = test_prefix(patch.id)
+    prefix = behaviour_test_prefix(patch.id)
     run_path = results / f"vllm-{release}.json" if results else None
     without_path = results / "necessity" / f"vllm-{release}-{patch.id}.json" if results else None
     run = _checked(load_record(run_path), run_path, release, []) if run_path else None
@@ -248,7 +245,7 @@ def _outside(patch: Patch, release: str, source: Source | None, results: Path | 
                         [evidence[0], _stamp(hit, release)])
     if hit:
         return proposal(Retirement.RETIRE, evidence + [hit])
-    prefix = test_prefix(patch.id)
+    prefix = behaviour_test_prefix(patch.id)
     if assert_only(patch):
         passed, failed = _counts(run, prefix, DRIFT_TEST)
         if failed:

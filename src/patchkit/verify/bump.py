@@ -17,7 +17,8 @@ from patchkit.patching.rebase.records import PatchRecord, RebaseRecord
 from patchkit.patching.test_files import behaviour_test_prefix
 from patchkit.verify.bump_records import BumpRun, code, load_run
 from patchkit.verify.render import _longest_run, _md
-from patchkit.verify.retire import Kind, Retirement, RunRecord
+from patchkit.verify.retire import Kind, Retirement
+from patchkit.verify.run_record import RunRecord, TestOutcome
 
 __all__ = ["BumpRun", "body", "load_run"]
 
@@ -32,7 +33,7 @@ def _fenced(text: str, lang: str = "text") -> list[str]:
 
 def _counts(record: RunRecord | None, prefix: str) -> tuple[int, int, int]:
     outcomes = [o for node, o in (record.tests if record else {}).items() if node.startswith(prefix)]
-    return outcomes.count("passed"), outcomes.count("failed"), outcomes.count("skipped")
+    return outcomes.count(TestOutcome.PASSED), outcomes.count(TestOutcome.FAILED), outcomes.count(TestOutcome.SKIPPED)
 
 
 APPLIES = (State.APPLIED, State.NOT_APPLIED, State.UPSTREAMED, State.OUT_OF_RANGE, State.NOT_APPLICABLE)  # no error

@@ -5,7 +5,7 @@ verify --kernels --json` (the kernel census), `patchkit upstream --json` (tracke
 diff of UPSTREAM.md.
 
 Each record is read through its producer's own type, declared once beside the code that writes it
-(SCHEMAS): rebase's RebaseRecord, retire's RetireRecord and RunRecord, the matrix's MatrixRecord, the
+(SCHEMAS): rebase's RebaseRecord, retire's RetireRecord, the test runs' RunRecord, the matrix's MatrixRecord, the
 census's CensusRecord, the tracked state's UpstreamRecord, and a failed command's FailedCommand. A field
 or a state a producer renames is renamed for this reader too; a record written before the rename stops
 validating, naming the field.
@@ -28,7 +28,8 @@ from patchkit.untrusted import read_file
 from patchkit.verify.kernels import CensusRecord
 from patchkit.verify.matrix_record import MatrixRecord
 from patchkit.verify.render import _longest_run, _md
-from patchkit.verify.retire import RetireRecord, RunRecord
+from patchkit.verify.retire import RetireRecord
+from patchkit.verify.run_record import RunRecord
 from patchkit.verify.upstream_state import UpstreamRecord
 
 MESSAGE_LIMIT = 600  # a failed command's message, as one line of the body

@@ -49,6 +49,7 @@ from patchkit.patching.patchset import Patch
 from patchkit.patching.test_files import behaviour_test_prefix
 from patchkit.sources.base import Source
 from patchkit.untrusted import read_file
+from patchkit.verify.run_record import RunRecord, TestOutcome
 
 DRIFT_TEST = "test_an_upstream_"  # the drift tests' names in tests/patches/test_<id>.py
 # A probe must find the fix's own code. One that reads a release stamp (vllm/_version.py, a `__version__` or
@@ -56,15 +57,6 @@ DRIFT_TEST = "test_an_upstream_"  # the drift tests' names in tests/patches/test
 # 0.34 alike), fix or no fix: its hit is reported, and decides nothing.
 VERSION_FILES = ("_version.py", "version.py")
 VERSION_TEXT = re.compile(r"(?:^|\W)(?:__version__|__version_tuple__|version_tuple|version)\s*[:=]")
-
-
-class RunRecord(msgspec.Struct):
-    """The fields of a test run's record (tests/release_record.py) this reads."""
-
-    vllm: str | None
-    excluded: list[str]
-    exitstatus: int
-    tests: dict[str, str]  # node id -> passed | failed | skipped
 
 
 class Retirement(StrEnum):
@@ -166,7 +158,7 @@ def probe_hit(patch: Patch, source: Source) -> Evidence | None:
 
 def _counts(record: RunRecord | None, prefix: str, name: str = "") -> tuple[int, int]:
     outcomes = [o for node, o in (record.tests if record else {}).items() if node.startswith(prefix + name)]
-    return outcomes.count("passed"), outcomes.count("failed")
+    return outcomes.count(TestOutcome.PASSED), outcomes.count(TestOutcome.FAILED)
 
 
 def verdict(patch: Patch, release: str, source: Source | None, results: Path | None,

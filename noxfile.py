@@ -56,10 +56,12 @@ ROOT = Path(__file__).parent
 # `patchkit rebase` and every cache user look.
 CACHE = Path(os.environ["PATCHKIT_CACHE_DIR"]).expanduser() if os.environ.get("PATCHKIT_CACHE_DIR") else Path(
     platformdirs.user_cache_dir("patchkit"))
-# The pinned release and every supported one, from patchkit itself (its __init__ needs nothing installed).
+# The pinned release and every supported one, and where a patch's behaviour tests are, from patchkit itself
+# (its __init__ and patching/test_files.py need nothing installed).
 sys.path.insert(0, str(ROOT / "src"))
 from patchkit import PINNED_VLLM as PINNED  # noqa: E402
 from patchkit import SUPPORTED_VLLM as RELEASES  # noqa: E402
+from patchkit.patching.test_files import behaviour_test_file  # noqa: E402  (imports nothing either)
 
 # `nox -s tests` runs the whole suite on the pinned release, then the release-sensitive tests on 0.30.0,
 # the layout of the default day-0 base every image is built on. 0.31.0 and 0.32.0 run in `nox -s
@@ -345,7 +347,7 @@ def patch_necessity(session: nox.Session) -> None:
         if not python.exists():
             session.error(f"{python} missing: run `nox -s tests-releases` first")
         for patch_id in [p for p in patches if p in session.posargs] or patches:
-            test = ROOT / "tests" / "patches" / f"test_{patch_id.replace('-', '_')}.py"
+            test = ROOT / behaviour_test_file(patch_id)
             _release_env(session, release, necessity_of=patch_id)
             session.env["PATCHKIT_TEST_EXCLUDE"] = patch_id
             # success_codes=[1]: pytest exits 1 when tests fail, which is what must happen here

@@ -32,6 +32,8 @@ from typing import Literal
 import msgspec
 from packaging.version import InvalidVersion, Version
 
+from patchkit.verify.run_record import RunRecord, TestOutcome  # what tests/release_record.py writes
+
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "docs" / "ran-where"
 START, END = "<!-- what-ran-where:start -->", "<!-- what-ran-where:end -->"
@@ -51,22 +53,6 @@ class RecordError(Exception):
 
 # A cell's outcome; a necessity cell's (the patch left out) is one of the last two or "anchors only".
 Outcome = Literal["behaviour-tested", "FAILED", "anchors only", "fails without it", "passes without it"]
-
-
-class RunRecord(msgspec.Struct):
-    """What tests/release_record.py writes (commit .. stopped_early: absent in records it wrote before it had them)."""
-
-    vllm: str | None
-    torch: str | None
-    transformers: str | None
-    excluded: list[str]
-    exitstatus: int
-    tests: dict[str, str]
-    commit: str | None = None
-    finished: str | None = None
-    selection: list[str] = []
-    deselected: list[str] = []
-    stopped_early: bool = False
 
 
 class CellRecord(msgspec.Struct, forbid_unknown_fields=True):
@@ -96,7 +82,9 @@ class Records:
 
 
 def patch_tests(patch_id: str) -> str:
-    return f"tests/patches/test_{patch_id.replace('-', '_')}.py::"
+    from patchkit.patching.test_files import behaviour_test_prefix
+
+    return behaviour_test_prefix(patch_id)
 
 
 def series():
@@ -207,7 +195,7 @@ def load_results(results: Path, *, legacy_commit: str | None = None) -> Fresh:
 
 def _count(run: RunRecord | None, prefix: str) -> tuple[int, int, int]:
     outcomes = [o for nodeid, o in (run.tests if run else {}).items() if nodeid.startswith(prefix)]
-    return outcomes.count("passed"), outcomes.count("failed"), outcomes.count("skipped")
+    return outcomes.count(TestOutcome.PASSED), outcomes.count(TestOutcome.FAILED), outcomes.count(TestOutcome.SKIPPED)
 
 
 def _covers(arg: str, prefix: str) -> bool:

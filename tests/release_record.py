@@ -98,20 +98,16 @@ def pytest_sessionfinish(session, exitstatus):
     commit = _commit_at_start[0] if _commit_at_start else None
     if commit is not None and not commit.endswith("+dirty") and checkout_commit() != commit:
         commit += "+dirty"  # the tree changed under the run: it ran on no one commit
-    record = {
-        "vllm": _version("vllm"),
-        "torch": _version("torch"),
-        "transformers": _version("transformers"),
-        "excluded": sorted(i for i in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(",") if i),
-        "exitstatus": int(exitstatus),
-        "commit": commit,
-        "finished": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "selection": _selection(session.config),
-        "deselected": sorted(_deselected),
-        "stopped_early": bool(session.shouldstop or session.shouldfail or exitstatus == pytest.ExitCode.INTERRUPTED),
-        "tests": dict(sorted(_outcomes.items())),
-        "skip_reasons": dict(sorted(_reasons.items())),
-    }
+    from patchkit.verify.run_record import RunRecord, TestOutcome  # the one declaration its readers read too
+
+    record = RunRecord(
+        vllm=_version("vllm"), torch=_version("torch"), transformers=_version("transformers"),
+        excluded=sorted(i for i in os.environ.get("PATCHKIT_TEST_EXCLUDE", "").split(",") if i),
+        exitstatus=int(exitstatus), commit=commit, finished=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        selection=_selection(session.config), deselected=sorted(_deselected),
+        stopped_early=bool(session.shouldstop or session.shouldfail or exitstatus == pytest.ExitCode.INTERRUPTED),
+        tests={node: TestOutcome(outcome) for node, outcome in sorted(_outcomes.items())},
+        skip_reasons=dict(sorted(_reasons.items())))
     path = Path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    path.write_text(json.dumps(record.to_dict(), indent=1) + "\n")

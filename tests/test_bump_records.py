@@ -1,7 +1,9 @@
-"""The records `patchkit bump body` reads are the producers' own types: each producer's real code writes a
-record here (rebase's `payload`, the kernel census's and the tracked state's `to_dict`, retire's
-`RetireRecord`), and bump's schema must decode it with every field it declares present. A field a
-producer renames, or a state it renames, fails here, even where the body's reader gives it a default.
+"""The records `patchkit bump body` reads are the producers' own types, declared once beside the code that
+writes them (verify/bump_records.SCHEMAS): each producer's real code writes a record here (rebase's
+`payload`, the kernel census's and the tracked state's `to_dict`, retire's `RetireRecord`, a failed
+command's error), and the bump reader must decode it with every field it declares present. A field a
+producer renames, or a state it renames, fails here, even where the reader gives it a default for a
+record from before the field existed; a record that lacks a field is refused, the field named.
 
 The producers' objects are built from real patches (patches/) and a real plan of a tiny tree on disk;
 the full records of a real run on vLLM 0.34.0 are checked the same way by tests/test_bump_workflow.py.
@@ -10,6 +12,8 @@ the full records of a real run on vLLM 0.34.0 are checked the same way by tests/
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
@@ -24,7 +28,9 @@ from patchkit.patching.rebase import (
     NeedsPerson,
     PatchRebase,
     Proposal,
+    ProposalKind,
     Rebase,
+    RebaseRecord,
     RebaseState,
     payload,
 )
@@ -33,11 +39,14 @@ from patchkit.patching.rebase import (
 )
 from patchkit.patching.record import RecordedEdit
 from patchkit.sources.directory import DirectorySource
-from patchkit.verify import bump
-from patchkit.verify.kernels import NEEDS, Census, Row
+from patchkit.verify import bump_records
+from patchkit.verify.bump_records import SCHEMAS, load_run
+from patchkit.verify.kernels import NEEDS, Census, CensusRecord, Row
+from patchkit.verify.matrix_record import MatrixRecord
 from patchkit.verify.retire import Evidence as Found
 from patchkit.verify.retire import Kind, Retirement, RetireRecord, Verdict
-from patchkit.verify.upstream_state import TrackedState
+from patchkit.verify.run_record import RunRecord
+from patchkit.verify.upstream_state import TrackedState, UpstreamRecord
 from record_fields import declared_but_absent
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +72,7 @@ def a_rebase(real_patches, tmp_path) -> tuple[Rebase, planner.Plan]:
     edit = shim.edits[0]
     new = RecordedEdit(edit.package, ("models/glm5next/common/model.py",), str(edit.action), "anchor\n", "text\n",
                        versions=">=0.34")
-    proposal = Proposal(edit, "re-anchored", new, "<0.34", Evidence(edit.candidates[0], new.candidates[0], 0.93,
+    proposal = Proposal(edit, ProposalKind.RE_ANCHORED, new, "<0.34", Evidence(edit.candidates[0], new.candidates[0], 0.93,
                                                                     "old", "new", [12, 13], "aligned 93% similar"))
     results = [
         PatchRebase(shim, RebaseState.UNTESTED, proposals=[proposal], new_range=("vllm", "<0.34", "<0.35"),
@@ -83,7 +92,7 @@ def a_rebase(real_patches, tmp_path) -> tuple[Rebase, planner.Plan]:
 
 def test_the_rebase_record_is_the_type_the_body_reads(real_patches, tmp_path):
     rebase, plan = a_rebase(real_patches, tmp_path)
-    run = strict(bump.RebaseRun, payload(rebase, plan, write=True))
+    run = strict(RebaseRecord, payload(rebase, plan, write=True))
     assert [p.state for p in run.patches] == [r.state for r in rebase.results]  # the producer's enum itself
     assert run.check == {"tiny": planner.State.NOT_APPLIED} and run.exit_code == rebase.exit_code
     assert run.patches[1].needs_person[0].candidates == ["sparse_indexer.py line 389: ..."]
@@ -96,20 +105,19 @@ def test_a_state_the_producer_does_not_have_is_refused():
               "range": None, "proposals": [], "needs_person": []}], "check": {}, "tests": [], "tests_note": "",
               "written": False, "from": "y"}
     with pytest.raises(MalformedJson, match="rebased-ish"):
-        decode(json.dumps(record).encode(), bump.RebaseRun, "r")
+        decode(json.dumps(record).encode(), RebaseRecord, "r")
 
 
 def test_the_retire_record_is_retires_own_struct():
     verdict = Verdict("a", Retirement.CHECK_BY_HAND, [Found(Kind.RANGE, "outside"), Found(Kind.ANCHORS, "gone", "f.py")],
                       in_range=False)
     record = RetireRecord("0.34.0", "/results", [verdict])
-    assert strict(bump.RetireRecord, record.to_dict()) == record
-    assert bump.RetireRecord is RetireRecord  # one declaration, not a copy
+    assert strict(RetireRecord, record.to_dict()) == record
 
 
 def test_the_census_record_is_the_type_the_body_reads():
     census = Census("vllm-0.34.0.whl", [Row(need, {"sm_120f": 2}, {"sm_120f": 2}) for need in NEEDS], {})
-    run = strict(bump.KernelRun, census.to_dict())
+    run = strict(CensusRecord, census.to_dict())
     assert [k.need for k in run.kernels] == [n.name for n in NEEDS] and run.runtime_compiled
 
 
@@ -117,7 +125,7 @@ def test_the_tracked_state_record_is_the_type_the_body_reads(real_patches):
     patch = next(p for p in real_patches.values() if p.tracked)
     state = TrackedState(patch.id, patch.tracked[0], "merged", "a title", "https://example.invalid/1", None, None,
                          "0.34.0", "milestone", "hand-written")
-    run = strict(bump.UpstreamRun, {"tracked": [state.to_dict()]})
+    run = strict(UpstreamRecord, {"tracked": [state.to_dict()]})
     assert run.tracked[0].released_in == "0.34.0"
 
 
@@ -125,5 +133,56 @@ def test_a_renamed_field_is_found_even_where_the_reader_defaults_it(real_patches
     rebase, plan = a_rebase(real_patches, tmp_path)
     record = payload(rebase, plan, write=True)
     record["patches_written"] = record.pop("written_patches")  # the reader defaults it to []
-    msgspec.json.decode(json.dumps(record), type=bump.RebaseRun)  # still decodes ...
-    assert declared_but_absent(bump.RebaseRun, record) == ["$.written_patches"]  # ... and is caught
+    msgspec.json.decode(json.dumps(record), type=RebaseRecord)  # still decodes ...
+    assert declared_but_absent(RebaseRecord, record) == ["$.written_patches"]  # ... and is caught
+
+
+def test_the_reader_reads_each_record_through_its_producers_own_type():
+    """One declaration per record: the reader holds no copy of a producer's struct, nor does the
+    what-ran-where merge of the test runs' records (the plugin writes RunRecord itself)."""
+    import ran_where
+
+    assert ran_where.RunRecord is RunRecord
+    producers = {"rebase": RebaseRecord, "retire": RetireRecord, "verify": MatrixRecord, "kernels": CensusRecord,
+                 "upstream": UpstreamRecord, "tests": RunRecord, "necessity": RunRecord}
+    assert producers == SCHEMAS
+    assert not [name for name, value in vars(bump_records).items()
+                if isinstance(value, type) and issubclass(value, msgspec.Struct) and value.__module__ == bump_records.__name__]
+
+
+def test_a_record_the_writer_wrote_is_read_by_the_bump_reader(real_patches, tmp_path):
+    rebase, plan = a_rebase(real_patches, tmp_path)
+    written = tmp_path / "rebase.json"
+    written.write_text(json.dumps(payload(rebase, plan, write=True), indent=2, sort_keys=True))  # as `emit` writes it
+    census = tmp_path / "kernels.json"
+    census.write_text(json.dumps(Census("w.whl", [Row(NEEDS[0], {"sm_120f": 1}, {"sm_120f": 1})], {}).to_dict()))
+    run = load_run("0.34.0", written, kernels=census)
+    assert run.problems == []
+    assert run.rebase is not None and [p.state for p in run.rebase.patches] == [r.state for r in rebase.results]
+    assert run.rebase.patches[0].proposals[0].kind == ProposalKind.RE_ANCHORED
+    assert run.kernels is not None and run.kernels.kernels[0].need == NEEDS[0].name
+
+
+@pytest.mark.parametrize("drop", ["tests_note", "check", "from"])
+def test_a_record_missing_a_field_is_refused_naming_it(real_patches, tmp_path, drop):
+    rebase, plan = a_rebase(real_patches, tmp_path)
+    record = payload(rebase, plan, write=True)
+    del record[drop]
+    path = tmp_path / "rebase.json"
+    path.write_text(json.dumps(record))
+    with pytest.raises(MalformedJson, match=f"missing required field `{drop}`"):
+        bump_records.read(path, RebaseRecord, "the rebase record")
+    run = load_run("0.34.0", path)  # the body's reader: a line that names the field, not an exit
+    assert run.rebase is None and len(run.problems) == 1
+    assert run.problems[0][0] == "rebase" and f"missing required field `{drop}`" in run.problems[0][1]
+
+
+def test_a_failed_commands_record_is_the_type_the_reader_reads(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "patchkit", "retire", "--release", "not-a-version", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    path = tmp_path / "retire.json"
+    path.write_text(out.stdout)
+    run = load_run("0.34.0", None, retire=path)
+    assert run.retire is None
+    assert run.problem("retire") is not None and "the command failed (exit 2, error)" in run.problem("retire")

@@ -271,10 +271,12 @@ def test_verify_checks_0340_with_the_substitute_and_names_it_in_the_column_and_t
     markdown = run(verify_command, "verify", *args, "--markdown")
     assert f"- 0.34.0: {SUBSTITUTED}" in markdown.stdout
 
-    from patchkit.verify.bump import BumpRun, VerifyRun, _matrix_section, read  # the bump body reads the record
+    from patchkit.verify.bump import _matrix_section  # the bump body reads the record
+    from patchkit.verify.bump_records import BumpRun, read
+    from patchkit.verify.matrix_record import MatrixRecord
 
     (tmp_path / "verify.json").write_text(json.dumps(doc))
-    record = read(tmp_path / "verify.json", VerifyRun, "the verify record")
+    record = read(tmp_path / "verify.json", MatrixRecord, "the verify record")
     assert f"- companion: 0.34.0: {SUBSTITUTED}" in _matrix_section(BumpRun("0.34.0", None, verify=record))
 
 

@@ -28,6 +28,20 @@ class MalformedJson(PatchkitError):
         super().__init__(f"{what}: {problem}{place}")
 
 
+class CommandError(msgspec.Struct, kw_only=True):
+    exit_code: int
+    kind: str  # "usage", "error", "internal error", ...
+    message: str
+
+
+class FailedCommand(msgspec.Struct, kw_only=True):
+    """What every patchkit command writes on stdout with --json when it fails (cli.common), and what the
+    bump pull request's body reads back from a step that failed (verify/bump_records.py)."""
+
+    ok: bool  # always False
+    error: CommandError
+
+
 def load_json_object(data: bytes | str, what: str) -> dict:
     """`data` parsed as a JSON object; a clear error naming `what` for anything else."""
     try:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import click
+import msgspec
 from packaging.version import InvalidVersion, Version
 from rich.console import Console
 
@@ -23,6 +24,7 @@ from patchkit.cli.options import (  # noqa: F401
     series_option,
 )
 from patchkit.errors import INTERNAL_ERROR_EXIT, PatchFailed, PatchkitError
+from patchkit.jsondata import CommandError, FailedCommand
 from patchkit.patching.patchset import Patch, PatchSet, load_patchset
 
 console = Console()
@@ -112,5 +114,5 @@ class PatchkitGroup(click.Group):
 
 
 def _json_failure(code: int, kind: str, message: str) -> None:
-    click.echo(json.dumps({"ok": False, "error": {"exit_code": code, "kind": kind, "message": message}},
-                          indent=2, sort_keys=True))
+    failed = FailedCommand(ok=False, error=CommandError(exit_code=code, kind=kind, message=message))
+    click.echo(json.dumps(msgspec.to_builtins(failed), indent=2, sort_keys=True))

@@ -140,7 +140,7 @@ def upstream(write, answers, record_to, gh, patch_ids, patches_dir, as_json):
     patches = [patchset.patch(i) for i in patch_ids] if patch_ids else patchset.series()
     states = us.tracked_states(patches, source)
     if as_json:
-        emit(True, {"tracked": [s.to_dict() for s in states]})
+        emit(True, us.UpstreamRecord.of(states).to_dict())
         return
     from rich.table import Table
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 
 import msgspec
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
 
 from patchkit import tomlschema
 from patchkit.errors import PatchkitError
@@ -90,6 +92,18 @@ class Action(StrEnum):
     ASSERT = "assert"  # changes nothing: the anchor must be there, count times
 
 
+def applied_form(action: str, anchor: str, text: str) -> str:
+    """What each anchor occurrence looks like once an edit of `action` is applied (an assert changes nothing).
+    The one rule for the planner, the rebase's search and `patchkit record`, whatever form the edit is in."""
+    if action == Action.INSERT_BEFORE:
+        return text + anchor
+    if action == Action.INSERT_AFTER:
+        return anchor + text
+    if action == Action.REPLACE:
+        return text
+    return anchor
+
+
 @dataclass(frozen=True)
 class Edit:
     """One anchored change to one file of one package."""
@@ -106,17 +120,21 @@ class Edit:
     @property
     def applied_form(self) -> str:
         """What each anchor occurrence looks like once this edit is applied."""
-        if self.action == Action.INSERT_BEFORE:
-            return self.text + self.anchor
-        if self.action == Action.INSERT_AFTER:
-            return self.anchor + self.text
-        if self.action == Action.REPLACE:
-            return self.text
-        return self.anchor
+        return applied_form(self.action, self.anchor, self.text)
 
     @property
     def label(self) -> str:
         return f"edit {self.index} ({self.action})"
+
+    def in_range(self, version: str) -> bool:
+        """Whether this edit is for `version` of its package: inside its own range, or it has none (the
+        patch's range, checked on the patch, decides). A version that does not parse raises InvalidVersion."""
+        return self.versions is None or self.versions.contains(Version(version), prereleases=True)
+
+    def for_release(self, versions: Mapping[str, str]) -> bool:
+        """Whether this edit is for the source whose packages are at `versions`: its package is there, and
+        that version is in the edit's range."""
+        return self.package in versions and self.in_range(versions[self.package])
 
 
 @dataclass(frozen=True)

@@ -289,10 +289,8 @@ def _evaluate(patch: Patch, texts: _Texts, versions: dict[str, str], mode: Mode)
 
 
 def _edit_in_range(edit: Edit, versions: dict[str, str]) -> bool:
-    if edit.versions is None:
-        return True
     try:
-        return edit.versions.contains(Version(versions[edit.package]), prereleases=True)
+        return edit.in_range(versions[edit.package])
     except InvalidVersion:
         return False  # the patch-level range check has already refused an unreadable version
 

@@ -14,6 +14,7 @@ The TOML writers here (`toml_string`, `edit_block`) are also rebase's: one way e
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import itertools
 import json
@@ -27,7 +28,7 @@ from pathlib import Path
 from patchkit.errors import PatchFailed, PatchkitError
 from patchkit.localfiles import atomic_write
 from patchkit.patching.fsops import WrongFileKind, kind
-from patchkit.patching.patchset import Edit, InvalidPatchFile, Patch, load_patch
+from patchkit.patching.patchset import Edit, InvalidPatchFile, Patch, applied_form, load_patch
 from patchkit.sources.base import PACKAGES
 from patchkit.sources.directory import DirectorySource
 from patchkit.untrusted import read_file
@@ -68,6 +69,10 @@ class PackageInOneTree(PatchkitError):
 
 @dataclass(frozen=True)
 class RecordedEdit:
+    """An edit as it is to be written into patch.toml (by `patchkit record` or the rebase): patchset.Edit's
+    fields as text, before the patch is loaded back (no index yet, `versions` the range as written), and
+    where its text goes. A changed copy is `dataclasses.replace`d, never rebuilt field by field."""
+
     package: str
     candidates: tuple[str, ...]
     action: str
@@ -76,6 +81,15 @@ class RecordedEdit:
     count: int = 1
     versions: str | None = None
     text_file: str | None = None  # set when the text is written beside patch.toml
+
+    @classmethod
+    def placed(cls, edit: Edit, candidates: tuple[str, ...], anchor: str, text: str) -> RecordedEdit:
+        """`edit` placed anew (its package, action and count) at `candidates`, its range left unset."""
+        return cls(edit.package, candidates, edit.action, anchor, text, edit.count)
+
+    @property
+    def applied_form(self) -> str:
+        return applied_form(self.action, self.anchor, self.text)
 
 
 @dataclass
@@ -296,7 +310,7 @@ def _grow(package, candidates, old, new, hunk, low, high, working):
                 continue
             if not anchor or not text or anchor == text or (action != "replace" and anchor in text):
                 continue
-            applied = {"insert_after": anchor + text, "insert_before": text + anchor}.get(action, text)
+            applied = applied_form(action, anchor, text)
             if working.count(anchor) != 1 or working.count(applied) != 0:
                 continue
             result = working.replace(anchor, applied)
@@ -316,7 +330,7 @@ def record(patch: Patch, original: Path, edited: Path, *, versions: dict[str, st
     source = DirectorySource(original)
     versions = {**source.versions(), **(versions or {})}
     # Other releases' and packages' edits, and the asserts (invariants, which no diff shows), stay as written.
-    keep = [e for e in patch.edits if e.action == "assert" or not _in_range(e, versions)]
+    keep = [e for e in patch.edits if e.action == "assert" or not e.for_release(versions)]  # a package the tree lacks: not this recording's
     known = {c: e.candidates for e in patch.edits for c in e.candidates}
     edits: list[RecordedEdit] = []
     files: dict[str, str] = {}
@@ -327,7 +341,7 @@ def record(patch: Patch, original: Path, edited: Path, *, versions: dict[str, st
             if e.text.count("\n") > LONG_TEXT_LINES:
                 name = text_file_name(patch, path, taken)
                 files[name] = e.text
-                e = RecordedEdit(e.package, e.candidates, e.action, e.anchor, e.text, e.count, e.versions, name)
+                e = dataclasses.replace(e, text_file=name)
             edits.append(e)
     toml_text = _rewrite_edits(patch, edits, keep)
     with trial_patch(patch.folder, toml_text, files) as candidate:
@@ -355,16 +369,6 @@ def _prove(candidate: Patch, source: DirectorySource, original: Path, edited: Pa
 
 def write_recording(patch: Patch, recording: Recording) -> None:
     write_patch_folder(patch.folder, recording.toml, recording.files)
-
-
-def _in_range(edit: Edit, versions: dict[str, str]) -> bool:
-    from packaging.version import Version
-
-    if edit.package not in versions:
-        return False  # a package the tree does not hold: its edits are not this recording's
-    if edit.versions is None:
-        return True
-    return edit.versions.contains(Version(versions[edit.package]), prereleases=True)
 
 
 def _rewrite_edits(patch: Patch, edits: list[RecordedEdit], keep: list[Edit]) -> str:

@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
+import msgspec
 from packaging.version import InvalidVersion, Version
 
 from patchkit.sources.base import DISTRIBUTIONS, Source
@@ -92,9 +93,25 @@ class Companion:
         return (f"{self.unpublished}: no {minor.major}.{minor.minor} release at or below it to check instead, "
                 f"{nothing}" if minor else f"{self.unpublished}: {nothing}")
 
+    def record(self) -> CompanionRecord:
+        return CompanionRecord(dist=self.dist, pin=self.pin, checked=self.checked, how=self.how,
+                               neighbours=list(self.neighbours), problem=self.problem, finding=self.finding)
+
     def to_dict(self) -> dict:
-        return {"dist": self.dist, "pin": self.pin, "checked": self.checked, "how": str(self.how),
-                "neighbours": list(self.neighbours), "problem": self.problem, "finding": self.finding}
+        return msgspec.to_builtins(self.record())
+
+
+class CompanionRecord(msgspec.Struct, kw_only=True):
+    """A companion in a JSON record (the matrix's columns, the JIT census), declared once for who writes and
+    who reads it (verify/bump_records.py)."""
+
+    dist: str
+    pin: str | None
+    checked: str | None
+    how: How
+    neighbours: list[str]
+    problem: str | None
+    finding: str | None
 
 
 def choose(pin: str, published: Iterable[Version]) -> Companion:

@@ -36,6 +36,9 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from patchkit.errors import PatchkitError
 from patchkit.untrusted import InputTooLarge, UnreadableFile, limit_of
@@ -314,14 +317,45 @@ class Census:
     def ok(self) -> bool:
         return all(row.ok for row in self.rows)
 
+    def record(self) -> CensusRecord:
+        return CensusRecord(
+            wheel=self.wheel, ok=self.ok, sm=GB10_SM,
+            kernels=[KernelRecord(need=r.need.name, required=r.need.required, why=r.need.why, ok=r.ok,
+                                  targets=r.targets, loads_on_sm121=sorted(r.loadable), usage_on_sm121=r.usage_summary())
+                     for r in self.rows],
+            runtime_compiled=[RuntimeRecord(name=n, needs="CUDA 13 nvcc on the host or in the image", why=w)
+                              for n, w in RUNTIME_COMPILED],
+            binaries=self.binaries)
+
     def to_dict(self) -> dict:
-        return {"wheel": self.wheel, "ok": self.ok, "sm": GB10_SM,
-                "kernels": [{"need": r.need.name, "required": r.need.required, "why": r.need.why, "ok": r.ok,
-                             "targets": r.targets, "loads_on_sm121": sorted(r.loadable),
-                             "usage_on_sm121": r.usage_summary()} for r in self.rows],
-                "runtime_compiled": [{"name": n, "needs": "CUDA 13 nvcc on the host or in the image", "why": w}
-                                     for n, w in RUNTIME_COMPILED],
-                "binaries": self.binaries}
+        return msgspec.to_builtins(self.record())
+
+
+# `patchkit verify --kernels --json`, declared once: the census writes it through these and the bump pull
+# request's body reads it back through them (verify/bump_records.py), so a renamed field is renamed for both.
+class KernelRecord(msgspec.Struct, kw_only=True):
+    need: str
+    required: bool
+    why: str
+    ok: bool
+    targets: dict[str, int]
+    loads_on_sm121: list[str]
+    usage_on_sm121: dict[str, Any] | None = None  # Row.usage_summary (a record from before it has none)
+
+
+class RuntimeRecord(msgspec.Struct, kw_only=True):
+    name: str
+    needs: str
+    why: str
+
+
+class CensusRecord(msgspec.Struct, kw_only=True):
+    wheel: str
+    ok: bool
+    kernels: list[KernelRecord]
+    sm: int
+    runtime_compiled: list[RuntimeRecord]
+    binaries: dict[str, list[str]]  # extension -> its targets
 
 
 def census(wheel: Path, needs: tuple[Need, ...] = NEEDS) -> Census:

@@ -8,8 +8,6 @@ reader needs the reason of, the images' verdicts, and the findings behind exit 1
 
 from __future__ import annotations
 
-import dataclasses
-
 from patchkit.patching.patchset import Patch
 from patchkit.patching.series import FULL_SERIES
 from patchkit.verify.matrix import Cell, Column, Matrix
@@ -17,55 +15,10 @@ from patchkit.verify.states import CellState
 
 
 def to_dict(matrix: Matrix) -> dict:
-    """Plain data for --json: every cell with the planner's account of its edits, images, findings."""
-    from patchkit.patching.report import result_to_dict
+    """Plain data for --json (matrix_record.MatrixRecord, which the bump pull request's body reads back)."""
+    from patchkit.verify.matrix_record import matrix_record
 
-    def cell_dict(cell: Cell) -> dict:
-        out = {
-            "state": cell.state.value,
-            "detail": cell.result.detail,
-            "edits": result_to_dict(cell.result)["edits"],
-            "would": None,
-            "companion": cell.companion,
-        }
-        if cell.would is not None and (would_state := cell.would_state) is not None:
-            would = result_to_dict(cell.would)
-            out["would"] = {"state": would_state.value, "detail": would["detail"], "edits": would["edits"]}
-        return out
-
-    newest = matrix.newest_for_all
-    return {
-        "pinned": matrix.pinned,
-        "exit_code": matrix.exit_code,
-        "columns": [
-            {"label": c.label, "version": c.version, "source": c.source, "pinned": c.pinned, "newer": c.newer,
-             "companion": c.companion.to_dict() if c.companion else None}
-            for c in matrix.columns
-        ],
-        "patches": [
-            {
-                "id": p.id,
-                "title": p.title,
-                "ranges": {k: str(v) for k, v in p.ranges.items()},
-                "cells": {c.label: cell_dict(matrix.cell(p.id, c.label)) for c in matrix.columns},
-            }
-            for p in matrix.patches
-        ],
-        "images": [
-            {
-                "name": name,
-                "series": list(matrix.image_series[name]),
-                "builds": {
-                    c.label: {"builds": v.builds, "blockers": v.blockers}
-                    for c in matrix.columns
-                    for v in [matrix.images[name][c.label]]
-                },
-            }
-            for name in matrix.images
-        ],
-        "newest_all_images_build": newest.label if newest else None,
-        "findings": [dataclasses.asdict(f) for f in matrix.findings],
-    }
+    return matrix_record(matrix).to_dict()
 
 
 def _short(cell: Cell) -> str:

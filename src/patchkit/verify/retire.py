@@ -46,8 +46,10 @@ from patchkit.errors import PatchkitError
 from patchkit.jsondata import decode
 from patchkit.patching import planner, probes
 from patchkit.patching.patchset import Patch
+from patchkit.patching.test_files import behaviour_test_prefix
 from patchkit.sources.base import Source
 from patchkit.untrusted import read_file
+from patchkit.verify.run_record import RunRecord, TestOutcome
 
 DRIFT_TEST = "test_an_upstream_"  # the drift tests' names in tests/patches/test_<id>.py
 # A probe must find the fix's own code. One that reads a release stamp (vllm/_version.py, a `__version__` or
@@ -55,15 +57,6 @@ DRIFT_TEST = "test_an_upstream_"  # the drift tests' names in tests/patches/test
 # 0.34 alike), fix or no fix: its hit is reported, and decides nothing.
 VERSION_FILES = ("_version.py", "version.py")
 VERSION_TEXT = re.compile(r"(?:^|\W)(?:__version__|__version_tuple__|version_tuple|version)\s*[:=]")
-
-
-class RunRecord(msgspec.Struct):
-    """The fields of a test run's record (tests/release_record.py) this reads."""
-
-    vllm: str | None
-    excluded: list[str]
-    exitstatus: int
-    tests: dict[str, str]  # node id -> passed | failed | skipped
 
 
 class Retirement(StrEnum):
@@ -117,10 +110,6 @@ class RetireRecord(msgspec.Struct):
         return msgspec.to_builtins(self)
 
 
-def test_prefix(patch_id: str) -> str:
-    return f"tests/patches/test_{patch_id.replace('-', '_')}.py::"
-
-
 def assert_only(patch: Patch) -> bool:
     return all(e.action == "assert" for e in patch.edits)
 
@@ -169,7 +158,7 @@ def probe_hit(patch: Patch, source: Source) -> Evidence | None:
 
 def _counts(record: RunRecord | None, prefix: str, name: str = "") -> tuple[int, int]:
     outcomes = [o for node, o in (record.tests if record else {}).items() if node.startswith(prefix + name)]
-    return outcomes.count("passed"), outcomes.count("failed")
+    return outcomes.count(TestOutcome.PASSED), outcomes.count(TestOutcome.FAILED)
 
 
 def verdict(patch: Patch, release: str, source: Source | None, results: Path | None,
@@ -186,7 +175,7 @@ def verdict(patch: Patch, release: str, source: Source | None, results: Path | N
         return _by_hand(verdict(replace(patch, upstreamed=None), release, None, results), evidence)
     if hit:
         evidence.append(hit)
-    prefix = test_prefix(patch.id)
+    prefix = behaviour_test_prefix(patch.id)
     run_path = results / f"vllm-{release}.json" if results else None
     without_path = results / "necessity" / f"vllm-{release}-{patch.id}.json" if results else None
     run = _checked(load_record(run_path), run_path, release, []) if run_path else None
@@ -248,7 +237,7 @@ def _outside(patch: Patch, release: str, source: Source | None, results: Path | 
                         [evidence[0], _stamp(hit, release)])
     if hit:
         return proposal(Retirement.RETIRE, evidence + [hit])
-    prefix = test_prefix(patch.id)
+    prefix = behaviour_test_prefix(patch.id)
     if assert_only(patch):
         passed, failed = _counts(run, prefix, DRIFT_TEST)
         if failed:

@@ -157,11 +157,44 @@ class TrackedState:
     released_from: str  # how that is known: "milestone" | "patch.toml" | ""
     source: str  # the answer's file or command
 
+    def record(self) -> TrackedRecord:
+        t = self.tracked
+        return TrackedRecord(patch=self.patch_id, repo=t.repo, number=t.number, kind=t.kind, fixes=t.fixes,
+                             state=self.state, title=self.title, url=self.url, updated_at=self.updated_at,
+                             closed_at=self.closed_at, released_in=self.released_in, released_from=self.released_from,
+                             source=self.source)
+
     def to_dict(self) -> dict:
-        return {"patch": self.patch_id, "repo": self.tracked.repo, "number": self.tracked.number,
-                "kind": self.tracked.kind, "fixes": self.tracked.fixes, "state": self.state, "title": self.title,
-                "url": self.url, "updated_at": self.updated_at, "closed_at": self.closed_at,
-                "released_in": self.released_in, "released_from": self.released_from, "source": self.source}
+        return msgspec.to_builtins(self.record())
+
+
+# `patchkit upstream --json`, declared once: written through these, and read back through them by the bump
+# pull request's body (verify/bump_records.py), so a renamed field is renamed for both.
+class TrackedRecord(msgspec.Struct, kw_only=True):
+    patch: str
+    repo: str
+    number: int
+    kind: Literal["pr", "issue"]  # TrackedTable.kind
+    fixes: str
+    state: str  # TrackedState.state: open | merged | closed (<reason>)
+    title: str
+    url: str
+    updated_at: str | None
+    closed_at: str | None
+    released_in: str | None
+    released_from: str
+    source: str
+
+
+class UpstreamRecord(msgspec.Struct, kw_only=True):
+    tracked: list[TrackedRecord]
+
+    @classmethod
+    def of(cls, states: list[TrackedState]) -> UpstreamRecord:
+        return cls(tracked=[s.record() for s in states])
+
+    def to_dict(self) -> dict:
+        return msgspec.to_builtins(self)
 
 
 def api_path(tracked: TrackedTable) -> str:

@@ -24,9 +24,10 @@ The modules, each importing only those listed after it (.importlinter):
 - checks: a placed patch read back, planned on the new release with the series, its behaviour tests;
 - writing: the proposals as patch.toml text, and the per-patch atomic write;
 - report: the result as text and as its JSON record;
+- records: that JSON record's types, which the bump body (verify/bump_records.py) reads back;
 - propose: the series' rebase, patch by patch (ranges, the probe, which edits need a new form);
 - search: one edit's new site (file and anchor) with its evidence, or why it needs a person;
-- model: the states (RebaseState), proposals, edits left to a person, the exit status.
+- model: the states (RebaseState, ProposalKind), proposals, edits left to a person, the exit status.
 
 A patch is "rebased" only when its behaviour tests passed on the new release; placed but untested it is
 "re-anchored, untested" (written with --no-tests), and "re-anchored, tests failed" or "re-anchored, does
@@ -44,19 +45,21 @@ from patchkit.patching.rebase.model import (
     NeedsPerson,
     PatchRebase,
     Proposal,
+    ProposalKind,
     Rebase,
     RebaseRefused,
     RebaseState,
     TestRun,
 )
 from patchkit.patching.rebase.propose import rebase
+from patchkit.patching.rebase.records import RebaseRecord
 from patchkit.patching.rebase.report import lines, payload
 from patchkit.patching.rebase.search import Reader, merge3, rebase_edit
 from patchkit.patching.rebase.writing import render, write
 
 __all__ = [
     "EXIT_FAILED", "EXIT_NEEDS_PERSON", "EXIT_WRITTEN", "Evidence", "NeedsPerson", "PatchRebase", "Proposal",
-    "Reader", "Rebase", "RebaseRefused", "RebaseState", "TestRun", "check", "lines", "measure", "merge3",
+    "ProposalKind", "Reader", "Rebase", "RebaseRecord", "RebaseRefused", "RebaseState", "TestRun", "check", "lines", "measure", "merge3",
     "payload", "rebase", "rebase_edit", "render", "run_behaviour_tests", "run_tests", "test_environment",
     "without_later_edits", "write",
 ]

@@ -22,6 +22,7 @@ from patchkit.patching import planner
 from patchkit.patching.patchset import Patch, load_patchset
 from patchkit.patching.rebase.model import PatchRebase, Rebase, RebaseRefused, RebaseState, TestRun
 from patchkit.patching.rebase.writing import put, render
+from patchkit.patching.test_files import behaviour_test_file
 from patchkit.sources.base import Source
 
 
@@ -76,7 +77,7 @@ def run_behaviour_tests(patch_ids: list[str], patches_dir: Path, python: Path, t
     (PATCHKIT_TEST_PATCHES points the tests' patched copy at it)."""
     runs = []
     for patch_id in patch_ids:
-        test = tests_dir / "patches" / f"test_{patch_id.replace('-', '_')}.py"
+        test = tests_dir.parent / behaviour_test_file(patch_id)
         if not test.exists():
             runs.append(TestRun(patch_id, str(test), 2, "no behaviour test file"))
             continue

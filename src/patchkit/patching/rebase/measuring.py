@@ -13,7 +13,7 @@ from patchkit.patching.patchset import Edit, Patch, PatchSet, load_patchset
 from patchkit.patching.rebase.checks import check
 from patchkit.patching.rebase.model import RebaseState
 from patchkit.patching.rebase.propose import rebase
-from patchkit.patching.rebase.search import in_range
+from patchkit.patching.rebase.records import person_record
 from patchkit.patching.rebase.writing import set_files, trailing_blank
 from patchkit.patching.record import split_edits
 from patchkit.sources.base import Source
@@ -32,7 +32,7 @@ def without_later_edits(patches_dir: Path, dest: Path, old: Source) -> PatchSet:
         head, chunks = split_edits(read_file(toml_path, "definition").decode("utf-8"), str(toml_path), len(patch.edits))
         out = []
         for edit, chunk in zip(patch.edits, chunks, strict=True):
-            if edit.package in versions and not in_range(edit.versions, versions[edit.package]):
+            if edit.package in versions and not edit.for_release(versions):
                 continue
             if edit.package in versions and len(edit.candidates) > 1:
                 exist = [c for c in edit.candidates if old.read(edit.package, c) is not None]
@@ -60,7 +60,7 @@ def measure(patches_dir: Path, old: Source, new: Source, work: Path) -> dict:
         later = _later_edits(hand_patch, strip_patch, versions, old_versions, new)
         if not later:
             continue
-        forms = {_form(e, new) for e in new_patch.edits if e.package in versions and in_range(e.versions, versions[e.package])}
+        forms = {_form(e, new) for e in new_patch.edits if e.for_release(versions)}
         identical = [e.index for e in later if _form(e, new) in forms]
         same_effect = _effect(hand_patch, new) == _effect(new_patch, new)
         out[patch_id] = {
@@ -68,7 +68,7 @@ def measure(patches_dir: Path, old: Source, new: Source, work: Path) -> dict:
             # different text counts only where the whole patch does the same on the new release
             "recovered": len(later) if same_effect and r.state != RebaseState.NEEDS_PERSON else len(identical),
             "same_effect_on_new_release": same_effect,
-            "needs_person": [n.to_dict() for n in r.people],
+            "needs_person": [person_record(n).to_dict() for n in r.people],
             "proposals": len(r.proposals), "state": str(r.state),
         }
     return {"from": result.old, "to": result.new, "patches": out, "rebased_dir": str(work / "rebased"),
@@ -81,7 +81,7 @@ def _later_edits(hand: Patch, stripped: Patch, versions: dict, old_versions: dic
     kept = {(e.action, e.anchor, e.text, e.count): e for e in stripped.edits}
     out = []
     for e in hand.edits:
-        if e.package not in versions or e.package not in old_versions or not in_range(e.versions, versions[e.package]):
+        if e.package not in old_versions or not e.for_release(versions):
             continue
         twin = kept.get((e.action, e.anchor, e.text, e.count))
         path = next((c for c in e.candidates if new.read(e.package, c) is not None), None)

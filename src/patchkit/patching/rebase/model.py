@@ -41,6 +41,14 @@ class RebaseState(StrEnum):
     UPSTREAMED = "upstreamed"        # its [upstreamed] probe fires there: propose dropping it
 
 
+class ProposalKind(StrEnum):
+    """How a proposal found the edit's new form."""
+
+    MOVED = "moved"              # the anchor as written, in another file
+    RE_ANCHORED = "re-anchored"  # a new anchor (three-way merged) where the old one held
+    SUCCESSOR = "successor"      # a new edit for the new releases beside one whose range ended before them
+
+
 PLACED = (RebaseState.REBASED, RebaseState.UNTESTED, RebaseState.TESTS_FAILED, RebaseState.DOES_NOT_APPLY)
 
 
@@ -55,17 +63,11 @@ class Evidence:
     why: str
     file_similarity: float | None = None  # shared-line share, when the file moved
 
-    def to_dict(self) -> dict:
-        return {"old_path": self.old_path, "new_path": self.new_path, "similarity": round(self.similarity, 3),
-                "file_similarity": None if self.file_similarity is None else round(self.file_similarity, 3),
-                "new_lines": self.new_lines, "why": self.why, "old_context": self.old_context,
-                "new_context": self.new_context}
-
 
 @dataclass
 class Proposal:
     edit: Edit
-    kind: str  # moved | re-anchored | successor
+    kind: ProposalKind
     new: RecordedEdit
     old_versions: str | None  # the old edit's range after the split (None: unchanged)
     evidence: Evidence
@@ -76,10 +78,6 @@ class NeedsPerson:
     edit: Edit
     reason: str
     candidates: list[str] = field(default_factory=list)  # closest sites, described
-
-    def to_dict(self) -> dict:
-        return {"edit": self.edit.index, "action": self.edit.action, "reason": self.reason,
-                "candidates": self.candidates}
 
 
 @dataclass
@@ -108,19 +106,6 @@ class PatchRebase:
     failure: str = ""  # why its check failed (DOES_NOT_APPLY, TESTS_FAILED)
     tests: TestRun | None = None
     written: bool = False
-
-    def to_dict(self) -> dict:
-        return {
-            "patch": self.patch.id, "state": str(self.state), "detail": self.detail,
-            "range": None if self.new_range is None else
-            {"package": self.new_range[0], "from": self.new_range[1], "to": self.new_range[2]},
-            "proposals": [{"edit": p.edit.index, "action": p.edit.action, "kind": p.kind,
-                           "file": list(p.new.candidates), "versions": p.new.versions,
-                           "old_versions": p.old_versions, "anchor": p.new.anchor,
-                           "evidence": p.evidence.to_dict()} for p in self.proposals],
-            "needs_person": [n.to_dict() for n in self.people],
-            "failure": self.failure, "written": self.written,
-        }
 
 
 @dataclass

@@ -17,9 +17,8 @@ from packaging.version import Version
 from patchkit.patching import planner
 from patchkit.patching.patchset import Edit, Patch
 from patchkit.patching.probes import probe_hit
-from patchkit.patching.rebase.model import PatchRebase, Proposal, Rebase, RebaseState
-from patchkit.patching.rebase.search import Reader, in_range, rebase_edit
-from patchkit.patching.record import RecordedEdit
+from patchkit.patching.rebase.model import PatchRebase, Proposal, ProposalKind, Rebase, RebaseState
+from patchkit.patching.rebase.search import Reader, rebase_edit
 from patchkit.sources.base import Source
 
 HOLDS = (planner.EditState.PENDING, planner.EditState.HOLDS, planner.EditState.APPLIED)
@@ -106,25 +105,25 @@ def _rebase_patch(patch: Patch, reader: Reader, versions: dict, old_versions: di
         if edit.package not in packages:
             continue
         version = versions[edit.package]
-        if in_range(edit.versions, version):
+        if edit.in_range(version):
             state = states.get(edit.index)
             if state is not None and state.state in HOLDS:
                 continue
             old_range, new_range = _split_versions(edit, version)
             outcome = rebase_edit(edit, reader, version, split=old_range)
             if isinstance(outcome, Proposal) and outcome.new.versions is None and outcome.old_versions is not None:
-                outcome.new = RecordedEdit(**{**outcome.new.__dict__, "versions": new_range})
+                outcome.new = dataclasses.replace(outcome.new, versions=new_range)
         else:
             successors = [e for e in patch.edits if e.package == edit.package and e.versions is not None
-                          and in_range(e.versions, version)]
-            if successors or not in_range(edit.versions, old_versions[edit.package]):
+                          and e.in_range(version)]
+            if successors or not edit.in_range(old_versions[edit.package]):
                 continue  # covered by an edit for the new releases, or not an edit of the old release
             outcome = rebase_edit(edit, reader, version, split=None)
             if isinstance(outcome, Proposal):
-                outcome.kind = "successor"
+                outcome.kind = ProposalKind.SUCCESSOR
                 outcome.old_versions = None
-                outcome.new = RecordedEdit(**{**outcome.new.__dict__, "candidates": (outcome.evidence.new_path,),
-                                              "versions": _successor_range(edit, version)})
+                outcome.new = dataclasses.replace(outcome.new, candidates=(outcome.evidence.new_path,),
+                                                  versions=_successor_range(edit, version))
         if isinstance(outcome, Proposal):
             result.proposals.append(outcome)
         else:

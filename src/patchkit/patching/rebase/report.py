@@ -6,20 +6,12 @@ from __future__ import annotations
 
 from patchkit.patching import planner
 from patchkit.patching.rebase.model import Rebase, RebaseState
+from patchkit.patching.rebase.records import rebase_record
 
 
 def payload(result: Rebase, plan: planner.Plan, *, write: bool) -> dict:
-    """The JSON record (verify/bump.py reads it for the bump pull request's body)."""
-    return {"ok": result.ok, "exit_code": result.exit_code, "from": result.old, "to": result.new,
-            "versions": result.versions, "patches": [r.to_dict() for r in result.results],
-            "check": {r.patch.id: str(r.state) for r in plan.results},
-            "tests": [{"patch": r.tests.patch_id, "passed": r.tests.passed, "tail": r.tests.tail}
-                      for r in result.results if r.tests is not None],
-            "tests_note": result.tests_note,
-            "written": any(r.written for r in result.results),
-            "written_patches": [r.patch.id for r in result.results if r.written],
-            "not_written": {r.patch.id: why for r in result.results if (why := result.why_not_written(r))},
-            "write_asked": write}
+    """The JSON record (records.RebaseRecord: verify/bump_records.py reads it for the bump pull request's body)."""
+    return rebase_record(result, plan, write=write).to_dict()
 
 
 def lines(result: Rebase, plan: planner.Plan, *, write: bool) -> list[str]:

@@ -8,13 +8,10 @@ from __future__ import annotations
 import difflib
 from pathlib import PurePosixPath
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
-
 from patchkit.patching import anchors
 from patchkit.patching.diagnostics import nearest_match
 from patchkit.patching.patchset import Edit
-from patchkit.patching.rebase.model import Evidence, NeedsPerson, Proposal, RebaseRefused
+from patchkit.patching.rebase.model import Evidence, NeedsPerson, Proposal, ProposalKind, RebaseRefused
 from patchkit.patching.record import RecordedEdit
 from patchkit.sources.base import Source
 
@@ -34,10 +31,6 @@ def _shared_lines(a: str, b: str) -> float:
     sa = {line.strip() for line in a.splitlines() if line.strip()}
     sb = {line.strip() for line in b.splitlines() if line.strip()}
     return len(sa & sb) / max(1, len(sa))
-
-
-def in_range(spec: SpecifierSet | None, version: str) -> bool:
-    return spec is None or spec.contains(Version(version), prereleases=True)
 
 
 def _decode(data: bytes, where: str) -> str:
@@ -204,11 +197,10 @@ def rebase_edit(edit: Edit, reader: Reader, version: str, *, split: str | None) 
         ev = Evidence(old_path, new_path, 1.0, edit.anchor, _context(new_text, first, first + edit.anchor.count("\n")),
                       lines, moved_why + f"the anchor is there unchanged, {found}x", file_similarity)
         if moved:  # the file moved, the anchor did not: one more candidate, as the hand-written patches do
-            new = RecordedEdit(edit.package, (*edit.candidates, new_path), edit.action, edit.anchor, edit.text,
-                               edit.count)
-            return Proposal(edit, "moved", new, None, ev)
-        new = RecordedEdit(edit.package, (new_path,), edit.action, edit.anchor, edit.text, edit.count)
-        return Proposal(edit, "moved" if moved else "re-anchored", new, split, ev)
+            new = RecordedEdit.placed(edit, (*edit.candidates, new_path), edit.anchor, edit.text)
+            return Proposal(edit, ProposalKind.MOVED, new, None, ev)
+        new = RecordedEdit.placed(edit, (new_path,), edit.anchor, edit.text)
+        return Proposal(edit, ProposalKind.MOVED if moved else ProposalKind.RE_ANCHORED, new, split, ev)
 
     # The three-way step: align the old file to the new one and read off what replaced the anchor's lines.
     old_lines, new_lines = old_text.splitlines(keepends=True), new_text.splitlines(keepends=True)
@@ -262,9 +254,8 @@ def rebase_edit(edit: Edit, reader: Reader, version: str, *, split: str | None) 
         ev.why += "; replacement merged three-way (base: old anchor, ours: the edit's text, theirs: the new anchor)"
     elif anchor in text:
         return NeedsPerson(edit, "the inserted text contains the new anchor", [f"{new_path} line {b0 + 1}:\n{anchor}"])
-    applied = {"insert_after": anchor + text, "insert_before": text + anchor}.get(edit.action, text)
-    if anchors.count(new_text, applied):
+    new = RecordedEdit.placed(edit, (new_path,), anchor, text)
+    if anchors.count(new_text, new.applied_form):
         return NeedsPerson(edit, "the new release already has the edit's applied form: upstreamed?",
                            [f"{new_path} line {b0 + 1}"])
-    new = RecordedEdit(edit.package, (new_path,), edit.action, anchor, text, edit.count)
-    return Proposal(edit, "re-anchored", new, split, ev)
+    return Proposal(edit, ProposalKind.RE_ANCHORED, new, split, ev)

@@ -10,6 +10,7 @@ were. Nothing outside patches/<id>/ is written.
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 import tomllib
 from pathlib import Path
@@ -17,10 +18,9 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 
 from patchkit.patching.patchset import folder_digest
-from patchkit.patching.rebase.model import PatchRebase, Rebase, RebaseRefused
+from patchkit.patching.rebase.model import PatchRebase, ProposalKind, Rebase, RebaseRefused
 from patchkit.patching.record import (
     LONG_TEXT_LINES,
-    RecordedEdit,
     edit_block,
     split_edits,
     text_file_name,
@@ -85,17 +85,17 @@ def render(result: PatchRebase) -> tuple[str, dict[str, str]]:
             continue
         body, tail = trailing_blank(chunk)
         new = proposal.new
-        if proposal.kind == "moved" and proposal.old_versions is None:
+        if proposal.kind == ProposalKind.MOVED and proposal.old_versions is None:
             out.append(set_files(body, new.candidates) + tail)  # the old edit, one candidate more
             continue
         if proposal.old_versions is not None:
             body = _set_versions(body, proposal.old_versions)
         if new.action != "assert" and new.text == edit.text and _text_file_of(body):
-            new = RecordedEdit(**{**new.__dict__, "text_file": _text_file_of(body)})  # the same text, one file
+            new = dataclasses.replace(new, text_file=_text_file_of(body))  # the same text, one file
         elif new.action != "assert" and new.text.count("\n") > LONG_TEXT_LINES:
             name = text_file_name(patch, new.candidates[0], taken)
             files[name] = new.text
-            new = RecordedEdit(**{**new.__dict__, "text_file": name})
+            new = dataclasses.replace(new, text_file=name)
         ev = proposal.evidence
         comment = (f"rebased by patchkit onto {new.package} {new.versions}: {ev.why} "
                    f"(anchor {ev.similarity:.0%} similar)")

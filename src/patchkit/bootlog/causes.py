@@ -22,6 +22,10 @@ from dataclasses import asdict, dataclass
 
 from patchkit import SUPPORTED_VLLM
 from patchkit.bootlog.markers import ANSI, PHASES, log_lines, releases_since, shown
+from patchkit.patching.fixed_by import fixed_by
+
+# Where a fix names the patches that fix its cause: filled from their patch.toml `fixes` (patching/fixed_by.py).
+FIXED_BY = "{fixed_by}"
 
 # What gives a phase that ran out of unified memory its headroom (one wording for every memory kill).
 _HEADROOM = ("give that phase headroom on every node: drop the page cache and close other processes, lower "
@@ -36,7 +40,7 @@ class Cause:
     pattern: re.Pattern[str]
     sample: str  # a line that shows it, from a public log or record (tests/data/README.md names each)
     what: str  # the cause, in one sentence
-    fix: str  # what the owner does about it
+    fix: str  # what the owner does about it; FIXED_BY in it: the patches declaring `fixes = [name]`
     literal: str = ""  # vLLM's format string, when vLLM prints the line
     files: tuple[str, ...] = ()  # candidate files holding `literal` across the supported releases
     record: str = ""  # where a line vLLM does not print is documented
@@ -47,6 +51,14 @@ class Cause:
     # The releases whose sources carry `literal` (tests/test_markers.py greps each); () with `record`.
     releases: tuple[str, ...] = SUPPORTED_VLLM
     topic: str = "memory"  # the finding a survived non-definitive line becomes (judge.py)
+
+    @property
+    def names_patches(self) -> bool:
+        return FIXED_BY in self.fix
+
+    def fix_text(self) -> str:
+        """`fix` as the owner reads it: FIXED_BY replaced by the ids of the patches that fix this cause."""
+        return self.fix.replace(FIXED_BY, fixed_by(self.name)) if self.names_patches else self.fix
 
 
 def _c(name, pattern, sample, what, fix, literal="", files=(), record="", retry_after_s=None, definitive=True,
@@ -111,8 +123,8 @@ CAUSES: tuple[Cause, ...] = (
        "KeyError: model.layers.45.mtp_block.mlp.experts.routed_experts.w2_weight_scale",
        "a quantized tensor's scale has no parameter to load into: a fused module without its packed-modules "
        "mapping, or a draft (MTP) layer resolved to no quantized method",
-       "use the image that carries the variant's patches (packed-modules-4p67, modelopt-mtp-namespace) and "
-       "check `patchkit preflight` on the checkpoint",
+       f"use the image that carries the variant's patches ({FIXED_BY}) and check `patchkit preflight` on the "
+       "checkpoint",
        record="Python KeyError from the weight loader (docs/field-records.md)"),
     # The same family seen from the other side: the parameter exists, no checkpoint tensor ever reached it.
     _c("weight-scale-never-loaded", r"^(?>.*?weight_scale for layer ')[^']*+' was never loaded",
@@ -124,7 +136,7 @@ CAUSES: tuple[Cause, ...] = (
        "parallel_lm_head: serve the MTP draft on a vLLM that defers that head (0.31.0-0.33.0 build it with "
        "SharedHead(defer_lm_head=True); 0.30.0 builds it quantized; PR #55442 for main), or keep the "
        "draft's layer out of quantization (nvidia-nvfp4's --hf-overrides ignores all of layer 45). Another "
-       "layer: add it to the quant config's ignore list, or give it its packed mapping (packed-modules-4p67) "
+       f"layer: add it to the quant config's ignore list, or give it its packed mapping ({FIXED_BY}) "
        "or its quant-config key, and check `patchkit preflight` on the checkpoint",
        literal=" was never loaded ", files=["vllm/model_executor/layers/quantization/modelopt.py"]),
     # FlashKDA's extension cannot be imported: not built into this wheel (`No module named`), or its shared
@@ -237,8 +249,8 @@ class CauseReader:
         return self
 
     def causes(self) -> list[Found]:
-        return [Found(c.name, shown(self.first[c.name][1]), self.first[c.name][0], c.definitive, c.what, c.fix,
-                      c.retry_after_s) for c in CAUSES if c.name in self.first]
+        return [Found(c.name, shown(self.first[c.name][1]), self.first[c.name][0], c.definitive, c.what,
+                      c.fix_text(), c.retry_after_s) for c in CAUSES if c.name in self.first]
 
     def unexplained_end(self, phase: str, process: str = "recorded") -> Found:
         """The cause of a boot that never came up although no line of the table shows why.

@@ -47,7 +47,7 @@ class InvalidPatchFile(InvalidDefinition):
     "no-range" (a package without a version range), "version-range" (not PEP 440), "assert-text" (an
     assert with a text), "changes-nothing", "anchor-in-text", "text-twice" (text and text_file),
     "text-file-outside", "text-file-missing", "encoding", "file-or-files", "absolute-path",
-    "escaping-path", "no-condition" ([needed_when] names none), "probe-kind" ([upstreamed] gives both or
+    "escaping-path", "duplicate-fix" (a finding named twice in `fixes`), "no-condition" ([needed_when] names none), "probe-kind" ([upstreamed] gives both or
     neither of contains and release, or a file with release), "version-probe" (a contains probe on the
     release stamp file); judged where the rule is used:
     "unknown-field" (a [needed_when] serve key no variant has), "unknown-kind" (a quantized kind no module
@@ -168,6 +168,7 @@ class Patch:
     image_env: dict[str, str] = field(default_factory=dict)  # [image] env: set in exactly the images carrying it
     smoke_env: dict[str, str] = field(default_factory=dict)  # [smoke] env: what the hardware smoke switches on
     smoke_markers: tuple[str, ...] = ()  # [smoke] markers: the boot-log lines its code then prints
+    fixes: tuple[str, ...] = ()  # the findings (boot-log causes, serving findings) whose fix names this patch
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -202,6 +203,10 @@ class PatchSet:
         if positions != sorted(positions):
             raise InvalidSeries(None, "order", tuple(ids), self.order)
         return [self.patches[i] for i in ids]
+
+    def fixing(self, finding: str) -> tuple[str, ...]:
+        """The ids of the patches whose `fixes` names `finding`, in application order."""
+        return tuple(i for i in self.order if finding in self.patches[i].fixes)
 
 
 def load_patchset(folder: Path | str) -> PatchSet:
@@ -247,6 +252,9 @@ def load_patch(toml_path: Path) -> Patch:
             raise InvalidPatchFile(toml_path, "[upstreamed]", "no-range",
                                    f"package {raw.package!r} has no version range in this patch")
         probe = _probe(raw, toml_path)
+    twice = sorted({f for f in doc.fixes if doc.fixes.count(f) > 1})
+    if twice:
+        raise InvalidPatchFile(toml_path, "key 'fixes'", "duplicate-fix", f"names {twice} more than once")
     return Patch(
         id=doc.id,
         title=doc.title,
@@ -266,6 +274,7 @@ def load_patch(toml_path: Path) -> Patch:
         image_env=dict(doc.image.env) if doc.image else {},
         smoke_env=dict(doc.smoke.env) if doc.smoke else {},
         smoke_markers=tuple(doc.smoke.markers) if doc.smoke else (),
+        fixes=tuple(doc.fixes),
     )
 
 

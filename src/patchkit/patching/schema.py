@@ -13,6 +13,9 @@ import msgspec
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1, pattern=r"\S")]
 Paths = Annotated[list[NonEmpty], msgspec.Meta(min_length=1)]
+# A finding's name as its table names it: a boot-log cause (bootlog/causes.py) or a serving finding
+# (smoke/serving.py); tests/test_fixes.py checks each name against those tables.
+FindingName = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]*$")]
 
 
 class _Table(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -117,6 +120,7 @@ class PatchFile(_Table):
     evidence: NonEmpty | None = None    # how it was derived: sources, measurements, public records
     test: NonEmpty | None = None        # which tests prove it, and what they show
     drop_when: NonEmpty | None = None   # when upstream makes it unnecessary
+    fixes: list[FindingName] = []       # the findings it fixes: their fix text names this patch (patching/fixed_by.py)
     packages: dict[str, NonEmpty] = {}  # other packages it patches, each with its range
     upstreamed: UpstreamedProbeTable | None = None
     needed_when: NeededWhenTable | None = None

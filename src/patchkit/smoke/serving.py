@@ -24,10 +24,17 @@ import msgspec
 
 from patchkit.bootlog.judge import Finding
 from patchkit.jsondata import MalformedJson, decode
+from patchkit.patching.fixed_by import fixed_by
 
 THINK_TAGS = ("<think>", "</think>")
 REPLACEMENT = "\ufffd"
 PROBE_MAX_TOKENS = 256  # field records "Measured recipes": max_tokens 48 can end in content null, finish "length"
+# The mis-splits a patch fixes, by the name its patch.toml gives them (`fixes`): the finding prints the
+# patches that declare it (patching/fixed_by.py).
+THINK_TAGS_IN_CONTENT = "think-tags-in-content"
+REASONING_SWALLOWED_ANSWER = "reasoning-swallowed-answer"
+THINK_TAGS_IN_TOOL_ARGUMENTS = "think-tags-in-tool-arguments"
+PATCHED_FINDINGS = (THINK_TAGS_IN_CONTENT, REASONING_SWALLOWED_ANSWER, THINK_TAGS_IN_TOOL_ARGUMENTS)
 TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -48,7 +55,7 @@ PROBES = {
                        tools=[TOOL], tool_choice="auto", chat_template_kwargs={"reasoning_effort": "low"}),
 }
 # The tool call streamed: the streaming parser gives arguments of its own (a `</think>` kept inside them,
-# patch glm47-tool-args-think-end), judged on the chunks assembled as a client assembles them.
+# THINK_TAGS_IN_TOOL_ARGUMENTS below), judged on the chunks assembled as a client assembles them.
 PROBES["tool-call-streamed"] = {**PROBES["tool-call"], "stream": True}
 
 
@@ -205,11 +212,11 @@ def _findings(c: ServingCheck) -> list[Finding]:
     out = []
     if c.think_tags_in_content:
         out.append(Finding("fail", "reasoning split", f"{c.think_tags_in_content} <think>/</think> tag(s) in content: "
-                           "the reasoning leaked into the answer (vllm issue #54744; patch glm53-always-think)"))
+                           f"the reasoning leaked into the answer (vllm issue #54744; patch {fixed_by(THINK_TAGS_IN_CONTENT)})"))
     if c.reasoning_swallowed_answer:
         out.append(Finding("fail", "reasoning split", f"content empty on a 'stop' finish with {c.reasoning_chars} "
                            "characters of reasoning: the answer was returned as reasoning (sglang issue #37645; patch "
-                           "glm53-skipped-thinking)"))
+                           f"{fixed_by(REASONING_SWALLOWED_ANSWER)})"))
     elif not c.content_chars and not c.tool_calls and c.finish_reason == "length":
         out.append(Finding("warn", "token budget", "no content: max_tokens ran out while the model reasoned "
                            f"(finish 'length'); the probes send {PROBE_MAX_TOKENS}"))
@@ -221,7 +228,7 @@ def _findings(c: ServingCheck) -> list[Finding]:
                 out.append(Finding("fail", "tool call", f"{call.name}: arguments are not a JSON object"))
             if call.think_tags:
                 out.append(Finding("fail", "tool call", f"{call.name}: {call.think_tags} <think>/</think> tag(s) inside "
-                                   "the arguments (vllm-ascend #16592; patch glm47-tool-args-think-end)"))
+                                   f"the arguments (vllm-ascend #16592; patch {fixed_by(THINK_TAGS_IN_TOOL_ARGUMENTS)})"))
     if c.replacement_chars:
         out.append(Finding("fail", "corruption", f"{c.replacement_chars} U+FFFD in the reply"))
     if not any(f.level == "fail" for f in out):

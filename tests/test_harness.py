@@ -375,6 +375,15 @@ def test_empty_content_is_a_failed_chat():
     assert not reply["ok"] and reply["error"] == "empty content (finish_reason length)"
 
 
+def test_an_answer_of_the_wrong_shape_is_a_failed_chat_naming_where():
+    """The chat is read against the serving probes' schema: content that is not a string is refused with
+    its JSON path, never taken as an answer."""
+    with Endpoint(content=51) as ep:  # the wrong shape on purpose
+        reply = chat(ep.url, "glm53", "hi")
+    assert reply["ok"] is False and reply["error"].startswith("not a chat completion: the chat answer: ")
+    assert reply["error"].endswith("got `int` at $.choices[0].message.content"), reply["error"]
+
+
 def test_corruption_probe_counts_replacement_characters():
     with Endpoint(content="강은 오늘 밤 조용하다。河流今晚很安静。") as ep:
         clean = corruption_probe(ep.url, "glm53", runs=2)

@@ -5,7 +5,6 @@ reasoning split and tool calls as a client reads them). Every answer is read bou
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,14 +12,14 @@ from dataclasses import dataclass
 import requests
 
 from patchkit.errors import PatchkitError
-from patchkit.smoke.serving import PROBES, judge_completion
+from patchkit.jsondata import MalformedJson
+from patchkit.smoke.serving import PROBE_MAX_TOKENS, PROBES, REPLACEMENT, first_choice, judge_completion, request_body
 from patchkit.untrusted import InputTooLarge, read_stream
 
-MIN_MAX_TOKENS = 256  # field records "Measured recipes": max_tokens 48 can end in content null, finish "length"
+MIN_MAX_TOKENS = PROBE_MAX_TOKENS  # the least budget a chat may ask for (serving.py says why)
 CHAT_PROMPT = "Reply with one short sentence: what is 17 times 3?"
 # Hangul and CJK: a broken byte-level detokenizer or a corrupt expert shows up as U+FFFD here first.
 PROBE_PROMPT = "다음 문장을 한국어와 중국어로 각각 한 번씩 번역하세요: 'The river is quiet tonight.' 请只输出两句译文。"
-REPLACEMENT = "\ufffd"
 
 
 @dataclass
@@ -114,35 +113,22 @@ def chat(base_url: str, model: str, prompt: str, max_tokens: int = MIN_MAX_TOKEN
     """One chat completion with low reasoning effort (other values select MAX effort, field records "The 4p67 recipe")."""
     if max_tokens < MIN_MAX_TOKENS:
         raise PatchkitError(f"max_tokens must be >= {MIN_MAX_TOKENS}: reasoning can use up a shorter budget")
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "chat_template_kwargs": {"reasoning_effort": "low"},
-    }
+    body = {"model": model, **request_body(prompt, max_tokens, chat_template_kwargs={"reasoning_effort": "low"})}
     answered = _answered(base_url, body, timeout)
     if isinstance(answered, dict):
         return answered
     data, seconds = answered
-    text = data.decode("utf-8", "replace")
     try:
-        answer = json.loads(text)
-        choice = answer["choices"][0]
-        message = choice["message"]
-    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
-        return {"ok": False, "error": f"not a chat completion: {text[:500]}", "seconds": seconds}
-    content = message.get("content") or "" if isinstance(message, dict) else None
-    reasoning = (message.get("reasoning_content") or message.get("reasoning") or "") if isinstance(message, dict) else None
-    if not isinstance(choice, dict) or not isinstance(content, str) or not isinstance(reasoning, str):
-        return {"ok": False, "error": f"not a chat completion: {text[:500]}", "seconds": seconds}
+        choice = first_choice(data, "the chat answer")  # the serving probes' schema
+    except MalformedJson as exc:
+        return {"ok": False, "error": f"not a chat completion: {exc}", "seconds": seconds}
+    content = choice.message.content or ""
     return {
         "ok": bool(content),
-        "error": "" if content else f"empty content (finish_reason {choice.get('finish_reason')})",
+        "error": "" if content else f"empty content (finish_reason {choice.finish_reason})",
         "content": content,
-        "reasoning": reasoning,
-        "finish_reason": choice.get("finish_reason"),
-        "usage": answer.get("usage") if isinstance(answer, dict) else None,
+        "reasoning": choice.message.reasoning_text,
+        "finish_reason": choice.finish_reason,
         "seconds": seconds,
     }
 

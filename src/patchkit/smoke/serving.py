@@ -11,7 +11,8 @@ with no content is a spent budget, not a mis-split: a warning.
 
 Pure: no I/O. The body is outside input, decoded against a msgspec schema of the fields judged (a wrong
 shape is `MalformedJson`, exit 2, with the JSON path; a streamed one chunk by chunk, assembled as a
-client assembles it); the caller reads it bounded.
+client assembles it); the caller reads it bounded. smoke/api.py's plain chat reads its answer through the
+same schema (`first_choice`) and sends the same request shape (`request_body`).
 """
 
 from __future__ import annotations
@@ -40,19 +41,20 @@ TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
-def _body(prompt: str, max_tokens: int = PROBE_MAX_TOKENS, **extra) -> dict:
+def request_body(prompt: str, max_tokens: int = PROBE_MAX_TOKENS, **extra) -> dict:
+    """A chat completion request without "model" (the caller adds the served name)."""
     return {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0, **extra}
 
 
 # Request bodies without "model" (the smoke adds the served name). enable_thinking is a GLM-4.5-era
 # switch GLM-5.3's template ignores: the model still reasons, and the split must still hold.
 PROBES = {
-    "enable-thinking-false": _body("What is 17 times 23? Answer with the number.",
-                                   chat_template_kwargs={"enable_thinking": False}),
-    "reasoning-effort-low": _body("What is 17 times 23? Answer with the number.",
-                                  chat_template_kwargs={"reasoning_effort": "low"}),
-    "tool-call": _body("What is the weather in Paris right now? Use the tool.", 512,
-                       tools=[TOOL], tool_choice="auto", chat_template_kwargs={"reasoning_effort": "low"}),
+    "enable-thinking-false": request_body("What is 17 times 23? Answer with the number.",
+                                          chat_template_kwargs={"enable_thinking": False}),
+    "reasoning-effort-low": request_body("What is 17 times 23? Answer with the number.",
+                                         chat_template_kwargs={"reasoning_effort": "low"}),
+    "tool-call": request_body("What is the weather in Paris right now? Use the tool.", 512,
+                              tools=[TOOL], tool_choice="auto", chat_template_kwargs={"reasoning_effort": "low"}),
 }
 # The tool call streamed: the streaming parser gives arguments of its own (a `</think>` kept inside them,
 # THINK_TAGS_IN_TOOL_ARGUMENTS below), judged on the chunks assembled as a client assembles them.
@@ -68,20 +70,24 @@ class _ToolCall(msgspec.Struct):
     function: _Function
 
 
-class _Message(msgspec.Struct):
+class Message(msgspec.Struct):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None  # what newer vLLM names the same field
     tool_calls: list[_ToolCall] = []
 
+    @property
+    def reasoning_text(self) -> str:
+        return self.reasoning_content or self.reasoning or ""
 
-class _Choice(msgspec.Struct):
-    message: _Message
+
+class Choice(msgspec.Struct):
+    message: Message
     finish_reason: str | None = None
 
 
 class _Completion(msgspec.Struct):
-    choices: Annotated[list[_Choice], msgspec.Meta(min_length=1)]
+    choices: Annotated[list[Choice], msgspec.Meta(min_length=1)]
 
 
 class _DeltaFunction(msgspec.Struct):
@@ -139,9 +145,9 @@ def _assembled(body: bytes, what: str) -> _Completion:
             finish = choice.finish_reason or finish
     if not chunks:
         raise MalformedJson(what, "a stream with no `data:` chunk before `data: [DONE]`")
-    message = _Message(content=content or None, reasoning=reasoning or None,
+    message = Message(content=content or None, reasoning=reasoning or None,
                        tool_calls=[_ToolCall(function=f) for _, f in sorted(calls.items())])
-    return _Completion(choices=[_Choice(message=message, finish_reason=finish)])
+    return _Completion(choices=[Choice(message=message, finish_reason=finish)])
 
 
 @dataclass(frozen=True)
@@ -182,15 +188,20 @@ def _tool_call(call: _ToolCall) -> ToolCallCheck:
     return ToolCallCheck(call.function.name, isinstance(parsed, dict), tags)
 
 
+def first_choice(body: bytes, what: str, *, streamed: bool = False) -> Choice:
+    """The first choice of a chat completion response `body` (bytes named `what`; `streamed`: server-sent
+    chunks, assembled), decoded against the schema: a wrong shape is MalformedJson with its JSON path."""
+    return (_assembled(body, what) if streamed else decode(body, _Completion, what)).choices[0]
+
+
 def judge_completion(body: bytes, probe: str, what: str) -> ServingCheck:
     """The first choice of a chat completion response `body` (bytes named `what`), judged for `probe`."""
     if probe not in PROBES:
         raise ValueError(f"unknown serving probe {probe!r}")  # a caller's bug, never outside input
-    streamed = bool(PROBES[probe].get("stream"))
-    choice = (_assembled(body, what) if streamed else decode(body, _Completion, what)).choices[0]
+    choice = first_choice(body, what, streamed=bool(PROBES[probe].get("stream")))
     message = choice.message
     content = message.content or ""
-    reasoning = message.reasoning_content or message.reasoning or ""
+    reasoning = message.reasoning_text
     calls = [_tool_call(c) for c in message.tool_calls]
     args = "".join(c.function.arguments for c in message.tool_calls)
     check = ServingCheck(

@@ -13,10 +13,13 @@ on each."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
+import posixpath
 import shutil
 import subprocess
+import tarfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,8 +33,10 @@ from bases import version_py as scm_version_py
 from patchkit.errors import PatchFailed
 from patchkit.images.build import build
 from patchkit.images.definitions import ARCH_ENV, load_image
-from patchkit.images.engine import BYTECODE_STUB, NoEngine, build_with_engine, render_context
+from patchkit.images.engine import NoEngine, build_with_engine, render_context
+from patchkit.images.new_layer import BYTECODE_STUB
 from patchkit.images.prepare import BaseUnusable, ImageIdIsNoBase, prepare
+from patchkit.oci.layer import whited_out
 from patchkit.oci.media import OCI_LAYER_GZIP, OCI_MANIFEST
 from patchkit.patching.carry import ChangesNothing
 from patchkit.patching.patchset import load_patchset
@@ -373,6 +378,33 @@ def test_rendered_context_is_from_by_digest_without_run_and_passes_hadolint(imag
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_every_route_renders_the_one_layer(base, tmp_path):
+    """The daemonless layer, --load's layer.tar and --engine's rootfs/ are one NewLayer rendered three
+    ways: the same files with the same modes (and owners, where a tar carries them), a stub on the engine
+    routes wherever the daemonless layer whites out bytecode, the rootfs' directories as the layer's."""
+    built = run_build("glm53-flash-nvfp4", tmp_path, base=f"{base['layout']}:base", dry_run=True).built
+    with tarfile.open(fileobj=io.BytesIO(built.layer.blob)) as tar:
+        daemonless = {i.name: (tar.extractfile(i).read() if i.isreg() else None, i.mode, i.uid, i.gid) for i in tar}
+    whiteouts = {n for n in daemonless if posixpath.basename(n).startswith(".wh.")}
+    stubbed = {whited_out(n) for n in whiteouts}
+    assert stubbed and stubbed == {p.lstrip("/") for p in built.prepared.stale_bytecode}
+    files = {n: v for n, v in daemonless.items() if v[0] is not None and n not in whiteouts}
+    files |= {p: (BYTECODE_STUB, 0o644, 0, 0) for p in stubbed}
+    dirs = {n: v[1] for n, v in daemonless.items() if v[0] is None}
+    assert dirs and files
+
+    with tarfile.open(fileobj=io.BytesIO(built.contents.engine_tar(EPOCH))) as tar:
+        assert all(i.isreg() and i.mtime == EPOCH for i in tar.getmembers())
+        assert {i.name: (tar.extractfile(i).read(), i.mode, i.uid, i.gid) for i in tar} == files
+
+    rootfs = tmp_path / "rootfs"
+    built.contents.write_rootfs(rootfs)
+    on_disk = {str(p.relative_to(rootfs)): p for p in rootfs.rglob("*")}
+    assert {n: (p.read_bytes(), p.stat().st_mode & 0o7777) for n, p in on_disk.items() if p.is_file()} == {
+        n: v[:2] for n, v in files.items()}
+    assert {n: p.stat().st_mode & 0o7777 for n, p in on_disk.items() if p.is_dir()} == dirs
+
+
 def test_stub_bytecode_is_ignored_by_python(tmp_path):
     """The engine path's stub: Python must compile the source rather than trust it."""
     (tmp_path / "mod_under_test.py").write_text("VALUE = 'patched'\n")
@@ -439,9 +471,6 @@ def test_engine_build_through_podman(podman_service, base_ref, tmp_path):
     assert "VLLM_MLA_NOPE_PAD_ROPE=1" in attrs["Config"]["Env"]
     # same file contents as the daemonless layer: read them back out of the engine's image
     exported = b"".join(client.images.get(image_id).save())
-    import io
-    import tarfile
-
     with tarfile.open(fileobj=io.BytesIO(exported)) as outer:
         layers = [outer.extractfile(m).read() for m in outer.getmembers() if m.name.endswith((".tar", "layer.tar"))]
     fs = flatten(layers)

@@ -31,8 +31,8 @@ from engines import (  # noqa: F401
 )
 from patchkit.errors import PatchFailed
 from patchkit.images.build import build
-from patchkit.images.engine import BYTECODE_STUB
 from patchkit.images.labels import build_epoch, git_source_url, public_url
+from patchkit.images.new_layer import BYTECODE_STUB
 from registry import (  # noqa: F401
     free_port,
     images_pinned_to,

@@ -1,8 +1,8 @@
 """The daemonless image: one layer of patched files on the base, its config and manifest, and where it
 goes (an OCI layout, or a registry push).
 
-1. ONE layer: the patched files (mode and owner as in the base, their parent directories with the
-   base's metadata) and whiteouts for their bytecode (see images.build);
+1. ONE layer: images.new_layer's entries (the patched files, mode and owner as in the base, their
+   parent directories with the base's metadata, whiteouts for their bytecode, the pinned wheels' files);
 2. config = base config + that layer's diff_id + a history entry + labels + env; manifest = base
    layers (renamed to OCI media types, blobs untouched) + the layer + OCI annotations;
 3. an OCI layout directory (atomically), or a push: base blobs mounted from the base repository when
@@ -23,10 +23,11 @@ from pathlib import Path
 from patchkit import __version__
 from patchkit.errors import PatchkitError
 from patchkit.images.labels import describe_image
+from patchkit.images.new_layer import NewLayer, new_layer
 from patchkit.images.prepare import Prepared
 from patchkit.oci.base import BaseImage
 from patchkit.oci.image import layout_index, new_config, new_manifest
-from patchkit.oci.layer import Entry, Layer, build_layer, whiteout_path
+from patchkit.oci.layer import Layer, build_layer
 from patchkit.oci.layout import LocalBlob, write_layout
 from patchkit.oci.media import OCI_MANIFEST, canonical_json, sha256_digest
 from patchkit.oci.progress import Progress, Quiet
@@ -38,6 +39,7 @@ from patchkit.oci.source import ImageLayersSource
 @dataclass
 class Built:
     prepared: Prepared[BaseImage, ImageLayersSource]
+    contents: NewLayer                   # the layer's entries, which the --engine route renders too
     layer: Layer
     config_bytes: bytes
     manifest_bytes: bytes
@@ -57,11 +59,8 @@ def assemble(prepared: Prepared[BaseImage, ImageLayersSource], *, epoch: int | N
     image, base = prepared.image, prepared.base
     meta = describe_image(prepared, epoch=epoch, revision=revision, source_url=source_url)
     ids = ",".join(p.id for p in prepared.carried)
-    entries = [*prepared.dirs,
-               *(Entry(f.path, "file", f.data, f.mode, f.uid, f.gid) for f in prepared.files),
-               *(Entry(whiteout_path(p), "whiteout") for p in prepared.stale_bytecode),
-               *prepared.extras.entries()]
-    layer = build_layer(entries, epoch=meta.epoch)
+    contents = new_layer(prepared)
+    layer = build_layer(contents.entries, epoch=meta.epoch)
     config = new_config(base.config, layer, created=meta.created,
                         created_by=f"patchkit build {image.name} (series: {ids})",
                         comment=f"patchkit {__version__}: {len(prepared.files)} patched files, "
@@ -69,7 +68,7 @@ def assemble(prepared: Prepared[BaseImage, ImageLayersSource], *, epoch: int | N
                         labels=meta.labels, env=image.env, n_base_layers=len(base.layers))
     config_bytes = canonical_json(config)
     manifest_bytes = canonical_json(new_manifest(base.manifest, config_bytes, layer, meta.annotations))
-    return Built(prepared, layer, config_bytes, manifest_bytes, meta.version, meta.tag, meta.annotations,
+    return Built(prepared, contents, layer, config_bytes, manifest_bytes, meta.version, meta.tag, meta.annotations,
                  meta.labels, meta.epoch)
 
 

@@ -24,13 +24,9 @@ from pathlib import Path
 from patchkit import __version__
 from patchkit.errors import PatchkitError
 from patchkit.images.assemble import Built
-from patchkit.oci.layer import normalize
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
 
-# Bad magic (zeros): importlib raises ImportError in _classify_pyc, which SourceLoader.get_code catches
-# and answers by compiling the source (and rewriting the pyc where it may).
-BYTECODE_STUB = bytes(16)
 # The Docker API version spoken. Naming it saves the SDK's /version round trip, which podman answers in
 # ~0.4 s (it gathers host facts). 1.41 is Docker 20.10's; every later Docker and podman 3+ serve it, and
 # it has everything used here (build with platform, archive reads, push).
@@ -134,22 +130,7 @@ def render_context(built: Built, dest: Path) -> Path:
         raise PatchkitError(f"the engine path builds FROM a registry image; base {base.spec} is a local OCI "
                             "layout: push it to a registry first, or use the daemonless build")
     dest = Path(dest)
-    rootfs = dest / "rootfs"
-    for d in built.prepared.dirs:
-        (rootfs / normalize(d.path)).mkdir(parents=True, exist_ok=True)
-        os.chmod(rootfs / normalize(d.path), d.mode & 0o7777)
-    for f in built.prepared.files:
-        target = rootfs / normalize(f.path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(f.data)
-        os.chmod(target, f.mode & 0o7777)
-    for pyc in built.prepared.stale_bytecode:
-        target = rootfs / normalize(pyc)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(BYTECODE_STUB)
-        os.chmod(target, 0o644)
-    built.prepared.extras.write_into(rootfs)
-    os.chmod(rootfs, 0o755)
+    built.contents.write_rootfs(dest / "rootfs")   # the daemonless layer's entries, stubs for its whiteouts
     ref = base.reference
     tag = f":{ref.tag}" if ref.tag else ""
     (dest / "Dockerfile").write_text(dockerfile(built.prepared.image.name, f"{ref.name}{tag}@{base.digest}",

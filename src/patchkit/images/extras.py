@@ -29,7 +29,6 @@ import base64
 import configparser
 import hashlib
 import io
-import os
 import posixpath
 import re
 import stat
@@ -46,7 +45,7 @@ from installer.sources import WheelSource
 
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image, WheelPin
-from patchkit.oci.layer import Entry, normalize
+from patchkit.oci.layer import Entry
 from patchkit.sources.cache import ArchiveCache, default_cache_root
 from patchkit.sources.index import download, project_files
 from patchkit.untrusted import open_regular
@@ -149,26 +148,10 @@ class ExtraLayer:
         return [f for w in self.wheels for f in w.files]
 
     def entries(self) -> list[Entry]:
-        """The daemonless layer's entries: the wheels' directories, then their files (root-owned)."""
+        """Their part of the build's one layer (images.new_layer): the wheels' directories, then their
+        files (root-owned)."""
         return [*(Entry(d, "dir", mode=DIR_MODE) for w in self.wheels for d in w.dirs),
                 *(Entry(f.path, "file", f.data, f.mode) for f in self.files)]
-
-    def tar_members(self) -> list[tuple[str, bytes, int, int, int]]:
-        """(path, bytes, mode, uid, gid) of each file, as the local route's layer.tar takes them (the engine
-        makes their new directories 0755, as here)."""
-        return [(f.path, f.data, f.mode, 0, 0) for f in self.files]
-
-    def write_into(self, rootfs: Path) -> None:
-        """The files under an engine build context's rootfs/: a directory made here gets 0755 (one already
-        there holds the base's metadata, set by the caller)."""
-        for f in self.files:
-            target = rootfs / normalize(f.path)
-            missing = [p for p in (target.parent, *target.parent.parents) if not p.exists()]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            for made in missing:
-                os.chmod(made, DIR_MODE)
-            target.write_bytes(f.data)
-            os.chmod(target, f.mode)
 
     def describe(self) -> list[str]:
         return [f"  W {w.name} {w.version} ({w.filename}, sha256 {w.sha256[:12]}): {len(w.files)} files"

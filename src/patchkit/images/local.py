@@ -8,8 +8,9 @@ engine (a Spark owner pulled it to run it), so only the patched files move.
    rebuild on the same base asks the engine for nothing) and plan on them, so every anchor is still
    asserted against the base's real files, not the network's;
 3. build a context of a Dockerfile (`FROM base`, `ADD layer.tar /`, LABEL, ENV; no RUN) and one small
-   uncompressed tar of the patched files (mode and owner as in the base) and the bytecode stubs
-   (images.engine), and let the engine build it: the base's layers stay where they are. The build moves
+   uncompressed tar of the build's one layer with stubs over its stale bytecode (images.new_layer:
+   the patched files, mode and owner as in the base, and the pinned wheels' files), and let the engine
+   build it: the base's layers stay where they are. The build moves
    the versioned tag and `:latest` together (images.engine.engine_build says how) and pushes `--push`.
 
 Whatever the engine does at any of these steps (errs, drops the connection, is killed, loses a
@@ -26,7 +27,6 @@ from dataclasses import dataclass, field
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
 from patchkit.images.engine import (
-    BYTECODE_STUB,
     EngineError,
     dockerfile,
     engine_build,
@@ -37,8 +37,8 @@ from patchkit.images.engine import (
 )
 from patchkit.images.engine_files import ContainerSource, LocalBase
 from patchkit.images.labels import describe_image
+from patchkit.images.new_layer import new_layer
 from patchkit.images.prepare import Prepared, is_own_base, package_roots, plan_on
-from patchkit.oci.layer import normalize
 from patchkit.oci.media import Platform
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
@@ -131,21 +131,6 @@ class Loaded:
         return self.prepared.source.received + self.sent
 
 
-def layer_tar(prepared: Prepared[LocalBase, ContainerSource], epoch: int) -> bytes:
-    """The patched files (mode, owner as in the base) and the bytecode stubs, uncompressed, no directories
-    (they exist in the base; an entry for one would overwrite its metadata)."""
-    raw = io.BytesIO()
-    entries = [(f.path, f.data, f.mode, f.uid, f.gid) for f in prepared.files]
-    entries += [(p, BYTECODE_STUB, 0o644, 0, 0) for p in prepared.stale_bytecode]
-    entries += prepared.extras.tar_members()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path, data, mode, uid, gid in sorted(entries):
-            info = tarfile.TarInfo(normalize(path))
-            info.size, info.mode, info.uid, info.gid, info.mtime = len(data), mode & 0o7777, uid, gid, epoch
-            tar.addfile(info, io.BytesIO(data))
-    return raw.getvalue()
-
-
 def build_local(prepared: Prepared[LocalBase, ContainerSource], client, *, push: Sequence[str] = (),
                 epoch: int | None = None, revision: str | None = None, source_url: str | None = None,
                 progress: Progress | None = None) -> Loaded:
@@ -154,7 +139,7 @@ def build_local(prepared: Prepared[LocalBase, ContainerSource], client, *, push:
     loaded = Loaded(prepared, meta.version, meta.tag, meta.labels, meta.annotations, meta.epoch)
     tags = tags_for(prepared.image.name, meta.tag, push)
     loaded.local_tag = tags.versioned
-    layer = layer_tar(prepared, meta.epoch)
+    layer = new_layer(prepared).engine_tar(meta.epoch)
     text = dockerfile(prepared.image.name, prepared.base.from_ref, "ADD layer.tar /", meta.labels,
                       prepared.image.env).encode()
     context = io.BytesIO()

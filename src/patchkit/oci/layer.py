@@ -94,19 +94,31 @@ def _sort_key(entry: Entry) -> list[str]:
     return normalize(entry.path).split("/")
 
 
-def build_layer(entries: Iterable[Entry], *, epoch: int) -> Layer:
-    entries = sorted(entries, key=_sort_key)
+def in_layer_order(entries: Iterable[Entry]) -> list[Entry]:
+    """`entries` sorted as a layer holds them (by path components), each checked: a path inside the image,
+    named once, of a known kind, a whiteout named .wh.<name>."""
+    ordered = sorted(entries, key=_sort_key)
     seen: set[str] = set()
+    for entry in ordered:
+        name = normalize(entry.path)
+        if not name or ".." in entry.path.split("/"):
+            raise InvalidLayerEntry(entry.path, "outside")
+        if name in seen:
+            raise InvalidLayerEntry(name, "twice")
+        seen.add(name)
+        if entry.kind == "whiteout" and not posixpath.basename(name).startswith(WHITEOUT_PREFIX):
+            raise InvalidLayerEntry(name, "whiteout-name")
+        if entry.kind not in ("file", "dir", "whiteout"):
+            raise InvalidLayerEntry(name, "kind", entry.kind)
+    return ordered
+
+
+def layer_tar(entries: Iterable[Entry], *, epoch: int) -> bytes:
+    """The uncompressed tar of `entries` in layer order (its sha256 is the layer's diff_id)."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for entry in entries:
-            name = normalize(entry.path)
-            if not name or ".." in entry.path.split("/"):
-                raise InvalidLayerEntry(entry.path, "outside")
-            if name in seen:
-                raise InvalidLayerEntry(name, "twice")
-            seen.add(name)
-            info = tarfile.TarInfo(name)
+        for entry in in_layer_order(entries):
+            info = tarfile.TarInfo(normalize(entry.path))
             info.mtime = epoch
             info.uid, info.gid = entry.uid, entry.gid
             info.uname = info.gname = ""
@@ -114,19 +126,17 @@ def build_layer(entries: Iterable[Entry], *, epoch: int) -> Layer:
             payload = None
             if entry.kind == "dir":
                 info.type = tarfile.DIRTYPE
-            elif entry.kind == "file":
+            else:   # a file, or a whiteout: an empty regular file
                 info.type = tarfile.REGTYPE
-                info.size = len(entry.data)
-                payload = io.BytesIO(entry.data)
-            elif entry.kind == "whiteout":
-                base = posixpath.basename(name)
-                if not base.startswith(WHITEOUT_PREFIX):
-                    raise InvalidLayerEntry(name, "whiteout-name")
-                info.type = tarfile.REGTYPE
-            else:
-                raise InvalidLayerEntry(name, "kind", entry.kind)
+                if entry.kind == "file":
+                    info.size = len(entry.data)
+                    payload = io.BytesIO(entry.data)
             tar.addfile(info, payload)
-    tar_bytes = raw.getvalue()
+    return raw.getvalue()
+
+
+def build_layer(entries: Iterable[Entry], *, epoch: int) -> Layer:
+    tar_bytes = layer_tar(entries, epoch=epoch)
     packed = io.BytesIO()
     # filename="" and mtime=0 keep the gzip header free of anything that varies between runs.
     with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0, compresslevel=GZIP_LEVEL) as gz:
@@ -140,6 +150,12 @@ def whiteout_path(path: str) -> str:
     """The whiteout entry that deletes `path` from the layers below."""
     head, tail = posixpath.split(normalize(path))
     return posixpath.join(head, WHITEOUT_PREFIX + tail)
+
+
+def whited_out(whiteout: str) -> str:
+    """The path a whiteout entry deletes (whiteout_path's inverse)."""
+    head, tail = posixpath.split(normalize(whiteout))
+    return posixpath.join(head, tail.removeprefix(WHITEOUT_PREFIX))
 
 
 MemberKind = Literal["file", "dir", "symlink", "hardlink", "whiteout", "opaque", "other"]
@@ -226,7 +242,7 @@ def iter_layer(stream: Readable, what: str) -> Iterator[tuple[Member, tarfile.Ta
                 if base == OPAQUE_MARKER:
                     member = Member(head_dir, "opaque", 0, 0, 0, 0)
                 elif base.startswith(WHITEOUT_PREFIX):
-                    member = Member(posixpath.join(head_dir, base[len(WHITEOUT_PREFIX):]), "whiteout", 0, 0, 0, 0)
+                    member = Member(whited_out(name), "whiteout", 0, 0, 0, 0)
                 else:
                     member = Member(name, _kind(info), info.mode, info.uid, info.gid, info.size,
                                     normalize(info.linkname) if info.islnk() else info.linkname)

@@ -1,6 +1,6 @@
-"""What the transaction tests share: a small real vLLM 0.33.0 tree, the CLI run in-process, fault hooks.
+"""What the transaction tests share: a small real tree of the installed vLLM (the pinned release), the CLI run in-process, fault hooks.
 
-The tree holds the real files of the installed vLLM 0.33.0 that two one-file patches in two different
+The tree holds the real files of the installed vLLM that two one-file patches in two different
 directories write (modelopt-mtp-namespace: model_executor/layers/quantization/modelopt.py; pool-topk-init:
 models/glm5next/nvidia/sparse_indexer.py), with vLLM's real __init__.py and dist-info METADATA: a
 multi-file, multi-directory transaction on real sources, small enough to sweep every step of.
@@ -12,6 +12,7 @@ import errno
 import os
 import shutil
 import tempfile
+from importlib.metadata import version
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,14 +50,14 @@ def small_series(dest: Path) -> Path:
 
 def real_tree(dest: Path) -> Path:
     """A site-packages-like copy of the real vLLM files the small series reads."""
-    installed = installed_vllm()  # the interpreter's vLLM 0.33.0, or a failure naming why not
+    installed = installed_vllm()  # the interpreter's vLLM (the pinned release), or a failure naming why not
     files = ["__init__.py", "model_executor/layers/quantization/modelopt.py",
              "model_executor/layers/sparse_attn_indexer_kpool.py", "models/glm5next/nvidia/sparse_indexer.py"]
     for relative in files:
         if (installed / relative).is_file():
             (dest / "vllm" / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(installed / relative, dest / "vllm" / relative)
-    (info,) = installed.parent.glob("vllm-0.33.0.dist-info")
+    (info,) = installed.parent.glob(f"vllm-{version('vllm')}.dist-info")
     (dest / info.name).mkdir(parents=True)
     shutil.copy2(info / "METADATA", dest / info.name / "METADATA")
     return dest

@@ -12,8 +12,8 @@ import errno
 import os
 import shutil
 import tempfile
-from importlib.metadata import version
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest

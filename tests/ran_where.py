@@ -32,7 +32,7 @@ from typing import Literal
 import msgspec
 from packaging.version import InvalidVersion, Version
 
-from patchkit.verify.run_record import RunRecord, TestOutcome  # what tests/release_record.py writes
+from patchkit.upstream.run_record import RunRecord, TestOutcome  # what tests/release_record.py writes
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "docs" / "ran-where"

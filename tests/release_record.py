@@ -98,7 +98,7 @@ def pytest_sessionfinish(session, exitstatus):
     commit = _commit_at_start[0] if _commit_at_start else None
     if commit is not None and not commit.endswith("+dirty") and checkout_commit() != commit:
         commit += "+dirty"  # the tree changed under the run: it ran on no one commit
-    from patchkit.verify.run_record import RunRecord, TestOutcome  # the one declaration its readers read too
+    from patchkit.upstream.run_record import RunRecord, TestOutcome  # the one declaration its readers read too
 
     record = RunRecord(
         vllm=_version("vllm"), torch=_version("torch"), transformers=_version("transformers"),

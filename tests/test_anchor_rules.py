@@ -23,7 +23,7 @@ from patchkit.patching import rebase as rb
 from patchkit.patching.patchset import InvalidPatchFile, Probe, load_patchset
 from patchkit.patching.probes import find_whole, probe_hit
 from patchkit.sources import DirectorySource, open_source
-from patchkit.verify import retire
+from patchkit.upstream import retire
 from rebase_folders import SERIES, one_patch, tree
 
 REPO = Path(__file__).resolve().parents[1]

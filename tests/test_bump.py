@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from patchkit.verify.bump import BODY_LIMIT, body, load_run
+from patchkit.upstream.bump import BODY_LIMIT, body, load_run
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "bump"

@@ -1,5 +1,5 @@
 """The records `patchkit bump body` reads are the producers' own types, declared once beside the code that
-writes them (verify/bump_records.SCHEMAS): each producer's real code writes a record here (rebase's
+writes them (upstream/bump_records.SCHEMAS): each producer's real code writes a record here (rebase's
 `payload`, the kernel census's and the tracked state's `to_dict`, retire's `RetireRecord`, a failed
 command's error), and the bump reader must decode it with every field it declares present. A field a
 producer renames, or a state it renames, fails here, even where the reader gives it a default for a
@@ -20,6 +20,7 @@ import msgspec
 import pytest
 
 from builders import write_package, write_patchset
+from patchkit.census.kernels import NEEDS, Census, CensusRecord, Row
 from patchkit.jsondata import MalformedJson, decode
 from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
@@ -39,14 +40,13 @@ from patchkit.patching.rebase import (
 )
 from patchkit.patching.record import RecordedEdit
 from patchkit.sources.directory import DirectorySource
-from patchkit.verify import bump_records
-from patchkit.verify.bump_records import SCHEMAS, load_run
-from patchkit.verify.kernels import NEEDS, Census, CensusRecord, Row
+from patchkit.upstream import bump_records
+from patchkit.upstream.bump_records import SCHEMAS, load_run
+from patchkit.upstream.retire import Evidence as Found
+from patchkit.upstream.retire import Kind, Retirement, RetireRecord, Verdict
+from patchkit.upstream.run_record import RunRecord
+from patchkit.upstream.upstream_state import TrackedState, UpstreamRecord
 from patchkit.verify.matrix_record import MatrixRecord
-from patchkit.verify.retire import Evidence as Found
-from patchkit.verify.retire import Kind, Retirement, RetireRecord, Verdict
-from patchkit.verify.run_record import RunRecord
-from patchkit.verify.upstream_state import TrackedState, UpstreamRecord
 from record_fields import declared_but_absent
 
 REPO = Path(__file__).resolve().parents[1]

@@ -387,7 +387,7 @@ def test_every_record_the_job_wrote_is_the_type_the_body_reads(replayed, step):
     producers' own), and every field those declare is there: a field a producer renames, even one the
     reader defaults for an older record, fails here."""
     from patchkit.jsondata import decode
-    from patchkit.verify.bump_records import SCHEMAS
+    from patchkit.upstream.bump_records import SCHEMAS
 
     data = (replayed.checkout / "bump" / f"{step}.json").read_bytes()
     decode(data, SCHEMAS[step], step)

@@ -271,8 +271,8 @@ def test_verify_checks_0340_with_the_substitute_and_names_it_in_the_column_and_t
     markdown = run(verify_command, "verify", *args, "--markdown")
     assert f"- 0.34.0: {SUBSTITUTED}" in markdown.stdout
 
-    from patchkit.verify.bump import _matrix_section  # the bump body reads the record
-    from patchkit.verify.bump_records import BumpRun, read
+    from patchkit.upstream.bump import _matrix_section  # the bump body reads the record
+    from patchkit.upstream.bump_records import BumpRun, read
     from patchkit.verify.matrix_record import MatrixRecord
 
     (tmp_path / "verify.json").write_text(json.dumps(doc))

@@ -22,7 +22,7 @@ SRC = Path(patchkit.__file__).parent
 BASES = {PatchkitError, PatchFailed}  # the two exit codes, raised bare where no kind is worth a name yet
 
 # "module.Class": what it lacks. Phase 2 of issue 24 (sources/, oci/registry+transport, images/, smoke/,
-# spark/, verify/jit_census, vllm_rules) gives these fields and docstrings.
+# spark/, census/jit_census, vllm_rules) gives these fields and docstrings.
 NOT_YET: dict[str, str] = {}
 
 

@@ -1,4 +1,4 @@
-"""The run-time compiled half of the kernel census (src/patchkit/verify/jit_census.py), with the real nvcc 13 on
+"""The run-time compiled half of the kernel census (src/patchkit/census/jit_census.py), with the real nvcc 13 on
 the real release sources: vLLM 0.33.0's and 0.30.0's persistent top-k from their sdists' csrc (as vLLM's build
 compiles topk.cu, against the tests environment's torch headers), FlashInfer 0.6.18.post1's and 0.7.2.post1's
 sparse MLA SM120 kernels at the shapes nope-mla-pad hands them, for sm_121a and sm_120f. Each unit compiles
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from hostile import assert_refused, run_patchkit
-from patchkit.verify import jit_census, ptxas
-from patchkit.verify.jit_units import GB10_SMEM_OPTIN, Kernel, Unit
+from patchkit.census import jit_census, ptxas
+from patchkit.census.jit_units import GB10_SMEM_OPTIN, Kernel, Unit
 
 DATA = Path(__file__).parent / "data" / "ptxas"
 

@@ -1,4 +1,4 @@
-"""The kernel census (src/patchkit/verify/kernels.py) read against what the real tools write: fat binaries
+"""The kernel census (src/patchkit/census/kernels.py) read against what the real tools write: fat binaries
 nvcc 13.0 compiles here for every SM variant (the flag bits and the loading rule, checked per variant),
 and vLLM 0.33.0's real x86_64 wheel (the one tests/test_wheels.py downloads; its sm_12x set is the
 aarch64 wheel's). A wheel that lost its sm_12x code fails the census; a malformed extension is exit 2.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hostile import assert_refused, run_patchkit
-from patchkit.verify.kernels import NEEDS, census, fatbin_entries
+from patchkit.census.kernels import NEEDS, census, fatbin_entries
 from patchkit.wheels.release import release_wheel
 
 KERNEL = "__global__ void glm_probe_kernel(float *x) { x[threadIdx.x] *= 2.0f; }\n"
@@ -152,7 +152,7 @@ __global__ void glm_usage_kernel(float *x, int n) {
 def test_the_usage_read_off_a_cubin_is_what_ptxas_reports(tmp_path):
     """Registers, stack and static shared memory read from the fat binary's cubin (.nv.info records, the
     .nv.shared section) agree with what ptxas itself printed compiling it (CUDA 13.0's, on PATH here)."""
-    from patchkit.verify.ptxas import parse
+    from patchkit.census.ptxas import parse
 
     src = tmp_path / "u.cu"
     src.write_text(USAGE_KERNEL)
@@ -194,7 +194,7 @@ def test_flashkda_in_the_0_34_aarch64_wheel_carries_sm_120f_code_gb10_runs(relea
 def test_a_loadable_kernel_over_gb10s_limits_fails_its_row():
     """No compile can make one (ptxas caps registers at 255 and static shared memory at 48 KiB), so the
     guard is shown on usage values as a cubin would carry them: over either limit, the row is not ok."""
-    from patchkit.verify.kernels import GB10_MAX_REGISTERS, GB10_MAX_SMEM, Row, Usage
+    from patchkit.census.kernels import GB10_MAX_REGISTERS, GB10_MAX_SMEM, Row, Usage
 
     need = next(n for n in NEEDS if n.name == "flashkda")
     fits = Row(need, {"sm_120f": 1}, {"sm_120f": 1}, {"sm_120f k": Usage(GB10_MAX_REGISTERS, 0, GB10_MAX_SMEM)})

@@ -27,7 +27,7 @@ from packaging.version import Version
 
 from patchkit.errors import PatchkitError
 from patchkit.patching.patchset import load_patchset
-from patchkit.verify.retire import assert_only, reads_a_version, verdict, verdicts
+from patchkit.upstream.retire import assert_only, reads_a_version, verdict, verdicts
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "tests" / "data" / "bump" / "run" / "results"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from patchkit.patching.patchset import load_patchset
-from patchkit.verify.upstream_state import RecordedAnswers, api_path, tracked_states
+from patchkit.upstream.upstream_state import RecordedAnswers, api_path, tracked_states
 
 REPO = Path(__file__).resolve().parents[1]
 ANSWERS = REPO / "tests" / "data" / "github-api"

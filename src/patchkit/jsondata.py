@@ -36,7 +36,7 @@ class CommandError(msgspec.Struct, kw_only=True):
 
 class FailedCommand(msgspec.Struct, kw_only=True):
     """What every patchkit command writes on stdout with --json when it fails (cli.common), and what the
-    bump pull request's body reads back from a step that failed (verify/bump_records.py)."""
+    bump pull request's body reads back from a step that failed (upstream/bump_records.py)."""
 
     ok: bool  # always False
     error: CommandError

@@ -42,9 +42,9 @@ FLAGS = ["-std=c++20", "-O2", "-DNDEBUG", "--expt-relaxed-constexpr", "-DENABLE_
 
 
 def prepare(out: Path) -> None:
+    from patchkit.census.jit_census import materialise
     from patchkit.sources.cache import ArchiveCache
     from patchkit.sources.release import open_release
-    from patchkit.verify.jit_census import materialise
 
     cache = ArchiveCache()
     open_release("vllm", "0.33.0", cache=cache, progress=False)

@@ -127,7 +127,7 @@ def upstream(write, answers, record_to, gh, patch_ids, patches_dir, as_json):
     a merge shipped in where known), read from GitHub's API; or, with --write, UPSTREAM.md."""
     from patchkit.patching.patchset import load_patchset
     from patchkit.patching.upstream import render
-    from patchkit.verify import upstream_state as us
+    from patchkit.upstream import upstream_state as us
 
     patchset = load_patchset(patches_dir)
     if write:
@@ -181,7 +181,7 @@ def retire(release, sources, results, patches_dir, as_json):
     from patchkit.patching.patchset import load_patchset
     from patchkit.sources import combine_sources
     from patchkit.sources.cache import default_cache_root
-    from patchkit.verify.retire import RetireRecord, verdicts
+    from patchkit.upstream.retire import RetireRecord, verdicts
 
     release = _release(release)
     opened = [_open(s) for s in (sources or (f"vllm=={release}",))]
@@ -239,7 +239,7 @@ def bump_body(release, rebase_json, results, retire, verify, kernels, upstream, 
     """The pull request body of a bump to VERSION, from the run's records (Markdown). A record that is
     missing, holds a failed command's error, does not validate or is of another release is a line of the
     body, not an exit: the body is written whatever the run produced."""
-    from patchkit.verify.bump import body, load_run
+    from patchkit.upstream.bump import body, load_run
 
     run = load_run(_release(release), rebase_json, results=results, retire=retire, verify=verify, kernels=kernels,
                    upstream=upstream, upstream_diff=upstream_diff)

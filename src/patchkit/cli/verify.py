@@ -104,7 +104,7 @@ def _kernel_census(versions: str | None, platform: str, wheel_file: str | None, 
     from rich.console import Console
     from rich.table import Table
 
-    from patchkit.verify.kernels import census
+    from patchkit.census.kernels import census
     from patchkit.wheels.release import release_wheel
 
     if wheel_file:
@@ -139,10 +139,10 @@ def _jit_census(versions: str | None, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from patchkit.census.jit_census import census, census_dict, find_nvcc
     from patchkit.sources.cache import ArchiveCache
     from patchkit.sources.companion import companion_of
     from patchkit.sources.release import open_release
-    from patchkit.verify.jit_census import census, census_dict, find_nvcc
 
     version = _one_version(versions)
     find_nvcc()  # before any download: without nvcc nothing can be checked

@@ -1,7 +1,7 @@
 """Which file holds a patch's behaviour tests: `tests/patches/test_<id>.py`, the id's dashes as underscores.
 
 One rule for everything that runs or reads them: the rebase's behaviour tests (patching/rebase/checks.py),
-retirement's counts in a test record (verify/retire.py) and the noxfile's `patch-necessity` session. It
+retirement's counts in a test record (upstream/retire.py) and the noxfile's `patch-necessity` session. It
 imports nothing, so the noxfile, which cannot import patchkit's dependencies, imports it as it imports
 patchkit/__init__.
 """

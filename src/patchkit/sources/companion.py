@@ -103,7 +103,7 @@ class Companion:
 
 class CompanionRecord(msgspec.Struct, kw_only=True):
     """A companion in a JSON record (the matrix's columns, the JIT census), declared once for who writes and
-    who reads it (verify/bump_records.py)."""
+    who reads it (upstream/bump_records.py)."""
 
     dist: str
     pin: str | None

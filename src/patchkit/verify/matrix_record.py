@@ -1,6 +1,6 @@
 """The JSON record of the matrix (`patchkit verify --json`), declared once: verify writes it through these
 types (render.to_dict) and the bump pull request's body reads it back through the same ones
-(verify/bump_records.py), so a renamed field is renamed for both, and a record written before the rename
+(upstream/bump_records.py), so a renamed field is renamed for both, and a record written before the rename
 stops validating, naming the field.
 
 A cell's state is `states.CellState`, a companion's `sources.companion.How`: a value neither knows is

@@ -24,7 +24,7 @@ The modules, each importing only those listed after it (.importlinter):
 - checks: a placed patch read back, planned on the new release with the series, its behaviour tests;
 - writing: the proposals as patch.toml text, and the per-patch atomic write;
 - report: the result as text and as its JSON record;
-- records: that JSON record's types, which the bump body (verify/bump_records.py) reads back;
+- records: that JSON record's types, which the bump body (upstream/bump_records.py) reads back;
 - propose: the series' rebase, patch by patch (ranges, the probe, which edits need a new form);
 - search: one edit's new site (file and anchor) with its evidence, or why it needs a person;
 - model: the states (RebaseState, ProposalKind), proposals, edits left to a person, the exit status.

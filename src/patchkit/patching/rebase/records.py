@@ -1,6 +1,6 @@
 """The JSON record of a rebase (`patchkit rebase --json`), declared once: the rebase writes it through these
 types (report.payload, model's `record()` methods) and the bump pull request's body reads it back through
-the same ones (verify/bump_records.py). A field renamed here is renamed for both, and a record written
+the same ones (upstream/bump_records.py). A field renamed here is renamed for both, and a record written
 before the rename stops validating, naming the field (tests/test_bump_records.py).
 
 The states are the producers' enums (RebaseState, the planner's State, ProposalKind): a value neither

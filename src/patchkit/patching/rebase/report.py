@@ -10,7 +10,7 @@ from patchkit.patching.rebase.records import rebase_record
 
 
 def payload(result: Rebase, plan: planner.Plan, *, write: bool) -> dict:
-    """The JSON record (records.RebaseRecord: verify/bump_records.py reads it for the bump pull request's body)."""
+    """The JSON record (records.RebaseRecord: upstream/bump_records.py reads it for the bump pull request's body)."""
     return rebase_record(result, plan, write=write).to_dict()
 
 

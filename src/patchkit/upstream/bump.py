@@ -1,5 +1,5 @@
 """The body of the pull request that bumps the patch set to a new vLLM release, rendered from one run's
-records (read by verify/bump_records.py, each through its producer's own type). The daily
+records (read by upstream/bump_records.py, each through its producer's own type). The daily
 `verify-upstream` workflow writes the records and opens or updates the pull request with this body; a
 person reviews and merges it.
 
@@ -15,10 +15,10 @@ from patchkit.patching.planner import State
 from patchkit.patching.rebase.model import EXIT_FAILED, EXIT_WRITTEN, RebaseState
 from patchkit.patching.rebase.records import PatchRecord, RebaseRecord
 from patchkit.patching.test_files import behaviour_test_prefix
-from patchkit.verify.bump_records import BumpRun, code, load_run
+from patchkit.upstream.bump_records import BumpRun, code, load_run
+from patchkit.upstream.retire import Kind, Retirement
+from patchkit.upstream.run_record import RunRecord, TestOutcome
 from patchkit.verify.render import _longest_run, _md
-from patchkit.verify.retire import Kind, Retirement
-from patchkit.verify.run_record import RunRecord, TestOutcome
 
 __all__ = ["BumpRun", "body", "load_run"]
 

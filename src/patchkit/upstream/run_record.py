@@ -1,6 +1,6 @@
 """The record a test run writes of itself (tests/release_record.py, the pytest plugin every release's run
 loads), declared once: the plugin writes it through this type, and its readers read it through the same
-one: retirement (verify/retire.py), the bump pull request's body (verify/bump_records.py) and the
+one: retirement (upstream/retire.py), the bump pull request's body (upstream/bump_records.py) and the
 what-ran-where merge (tests/ran_where.py). A field renamed here is renamed for all of them.
 
 A test's outcome is pytest's (`TestReport.outcome`), as a StrEnum: a value pytest does not give is refused.

@@ -332,7 +332,7 @@ class Census:
 
 
 # `patchkit verify --kernels --json`, declared once: the census writes it through these and the bump pull
-# request's body reads it back through them (verify/bump_records.py), so a renamed field is renamed for both.
+# request's body reads it back through them (upstream/bump_records.py), so a renamed field is renamed for both.
 class KernelRecord(msgspec.Struct, kw_only=True):
     need: str
     required: bool

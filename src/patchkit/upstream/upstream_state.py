@@ -169,7 +169,7 @@ class TrackedState:
 
 
 # `patchkit upstream --json`, declared once: written through these, and read back through them by the bump
-# pull request's body (verify/bump_records.py), so a renamed field is renamed for both.
+# pull request's body (upstream/bump_records.py), so a renamed field is renamed for both.
 class TrackedRecord(msgspec.Struct, kw_only=True):
     patch: str
     repo: str

@@ -49,7 +49,7 @@ from patchkit.patching.patchset import Patch
 from patchkit.patching.test_files import behaviour_test_prefix
 from patchkit.sources.base import Source
 from patchkit.untrusted import read_file
-from patchkit.verify.run_record import RunRecord, TestOutcome
+from patchkit.upstream.run_record import RunRecord, TestOutcome
 
 DRIFT_TEST = "test_an_upstream_"  # the drift tests' names in tests/patches/test_<id>.py
 # A probe must find the fix's own code. One that reads a release stamp (vllm/_version.py, a `__version__` or
@@ -80,7 +80,7 @@ class Kind(StrEnum):
     VERDICT = "verdict"      # what the rest says, where a version probe fired
 
 
-# The records below are what `patchkit retire --json` writes and what verify/bump.py reads back: one
+# The records below are what `patchkit retire --json` writes and what upstream/bump.py reads back: one
 # declaration for both, so a field renamed here is renamed for the reader too (and a record written
 # before the rename stops validating, which the recorded runs' tests show).
 class Evidence(msgspec.Struct, frozen=True):

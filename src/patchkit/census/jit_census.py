@@ -33,13 +33,8 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from patchkit.errors import PatchkitError
-from patchkit.sources.archives import TarGzArchive
-from patchkit.sources.cache import ArchiveCache, atomic_write, default_cache_root, user_secret
-from patchkit.sources.release import open_release
-from patchkit.untrusted import read_file, read_stream
-from patchkit.verify import ptxas
-from patchkit.verify.jit_units import (
+from patchkit.census import ptxas
+from patchkit.census.jit_units import (
     ARCHS,
     GB10_REGS_PER_SM,
     GB10_REGS_PER_THREAD,
@@ -50,6 +45,11 @@ from patchkit.verify.jit_units import (
     Kernel,
     Unit,
 )
+from patchkit.errors import PatchkitError
+from patchkit.sources.archives import TarGzArchive
+from patchkit.sources.cache import ArchiveCache, atomic_write, default_cache_root, user_secret
+from patchkit.sources.release import open_release
+from patchkit.untrusted import read_file, read_stream
 
 COMPILE_TIMEOUT_S = 1800  # vLLM's topk.cu for both targets: ~3 min on a loaded 2-core machine
 

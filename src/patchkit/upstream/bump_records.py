@@ -1,4 +1,4 @@
-"""One bump run's records, read for the pull request's body (verify/bump.py): `patchkit rebase --json`
+"""One bump run's records, read for the pull request's body (upstream/bump.py): `patchkit rebase --json`
 (the rebased patch.toml, edit by edit), the release's test record and its `patch-necessity` records
 (tests/release_record.py), `patchkit retire --json`, `patchkit verify --json` (the matrix), `patchkit
 verify --kernels --json` (the kernel census), `patchkit upstream --json` (tracked upstream state) and the
@@ -21,16 +21,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from patchkit.census.kernels import CensusRecord
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import FailedCommand, MalformedJson, decode
 from patchkit.patching.rebase.records import RebaseRecord
 from patchkit.untrusted import read_file
-from patchkit.verify.kernels import CensusRecord
+from patchkit.upstream.retire import RetireRecord
+from patchkit.upstream.run_record import RunRecord
+from patchkit.upstream.upstream_state import UpstreamRecord
 from patchkit.verify.matrix_record import MatrixRecord
 from patchkit.verify.render import _longest_run, _md
-from patchkit.verify.retire import RetireRecord
-from patchkit.verify.run_record import RunRecord
-from patchkit.verify.upstream_state import UpstreamRecord
 
 MESSAGE_LIMIT = 600  # a failed command's message, as one line of the body
 # Each step's record and the type it is read through: its producer's own.

@@ -30,10 +30,11 @@ from packaging.version import Version
 import registry as reg_helpers
 from bases import CU130
 from bases import version_py as scm_version_py
+from patchkit.engine import NoEngine
 from patchkit.errors import PatchFailed
 from patchkit.images.build import build
 from patchkit.images.definitions import ARCH_ENV, load_image
-from patchkit.images.engine import NoEngine, build_with_engine, render_context
+from patchkit.images.engine import build_with_engine, render_context
 from patchkit.images.new_layer import BYTECODE_STUB
 from patchkit.images.prepare import BaseUnusable, ImageIdIsNoBase, prepare
 from patchkit.oci.layer import whited_out

@@ -233,7 +233,7 @@ def _as_nobody(socket_path: str) -> subprocess.CompletedProcess:
     """patchkit's connect as `nobody` (uid/gid 65534, no groups) against `socket_path`: the interpreter
     starts as root (root's Python is not nobody's to run), imports, then drops to nobody before connecting."""
     code = ("import os, sys\nimport docker\nfrom patchkit.errors import PatchkitError\n"
-            "from patchkit.images.engine import connect\n"
+            "from patchkit.engine import connect\n"
             "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
             "try:\n    connect(sys.argv[1])\nexcept PatchkitError as e:\n"
             "    print(type(e).__name__, getattr(e, 'cause', ''), '|', e)\n    sys.exit(2)\n")

@@ -21,10 +21,8 @@ import importlib.metadata
 import importlib.util
 import json
 import math
-import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -33,6 +31,7 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from patchkit.bounded_process import run_bounded
 from patchkit.census import ptxas
 from patchkit.census.jit_units import (
     ARCHS,
@@ -49,7 +48,7 @@ from patchkit.errors import PatchkitError
 from patchkit.sources.archives import TarGzArchive
 from patchkit.sources.cache import ArchiveCache, atomic_write, default_cache_root, user_secret
 from patchkit.sources.release import open_release
-from patchkit.untrusted import read_file, read_stream
+from patchkit.untrusted import read_file
 
 COMPILE_TIMEOUT_S = 1800  # vLLM's topk.cu for both targets: ~3 min on a loaded 2-core machine
 
@@ -377,17 +376,10 @@ def _short(name: str) -> str:
 def _run(argv: list[str], cwd, timeout: float, what: str) -> tuple[int, str]:
     """Run a host tool, its output (stdout and stderr) read back within the tool-output limit; the whole
     process group killed at `timeout` (nvcc runs cicc and ptxas under it)."""
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise PatchkitError(f"{what}: still running after {timeout:.0f} s, stopped") from None
-        out.seek(0)
-        return code, read_stream(out, "tool-output", what).decode("utf-8", "replace")
+    finished = run_bounded(argv, timeout=timeout, kind="tool-output", what=what, cwd=cwd)
+    if finished.timed_out:
+        raise PatchkitError(f"{what}: still running after {timeout:.0f} s, stopped")
+    return finished.code, finished.output.decode("utf-8", "replace")
 
 
 def census_dict(rows: list[Row], releases: dict) -> dict:

@@ -26,6 +26,7 @@ import click
 from patchkit import CHECKOUT, PINNED_VLLM
 from patchkit.cli.common import assume_option, console, emit, json_option, parse_assumed, patches_option
 from patchkit.errors import PatchkitError
+from patchkit.localfiles import atomic_write
 
 
 def _open(spec: str):
@@ -131,7 +132,7 @@ def upstream(write, answers, record_to, gh, patch_ids, patches_dir, as_json):
 
     patchset = load_patchset(patches_dir)
     if write:
-        (patches_dir.parent / "UPSTREAM.md").write_text(render(patchset))
+        atomic_write(patches_dir.parent / "UPSTREAM.md", render(patchset).encode())
         console.print(f"wrote {patches_dir.parent / 'UPSTREAM.md'}", markup=False, highlight=False)
         return
     if answers and record_to:
@@ -245,7 +246,7 @@ def bump_body(release, rebase_json, results, retire, verify, kernels, upstream, 
                    upstream=upstream, upstream_diff=upstream_diff)
     text = body(run)
     if output:
-        output.write_text(text)
+        atomic_write(output, text.encode())
     else:
         click.echo(text, nl=False)
 

@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import CHECKOUT
+from patchkit.engine import connect
 from patchkit.images.assemble import Built, assemble, describe, push_image, write_output
 from patchkit.images.definitions import load_image
-from patchkit.images.engine import build_with_engine, connect
+from patchkit.images.engine import build_with_engine
 from patchkit.images.local import Loaded, build_local, find_local_base, prepare_local
 from patchkit.images.prepare import prepare
 from patchkit.oci.media import Platform

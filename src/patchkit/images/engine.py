@@ -4,123 +4,25 @@ Docker-API engine (Docker, or podman's API service) through the docker SDK.
 A Dockerfile with no RUN cannot delete, so where the daemonless layer whites out a patched module's
 bytecode, this route overwrites the same names with a 16-byte stub whose bad magic number makes Python
 ignore it and recompile from source. The anchors were asserted against the base's layers read from the
-registry first (images.prepare); for a base already in the engine, images.local reads them there.
+registry first (images.prepare); for a base already in the engine, images.local reads them there. The
+connection to the engine and what its faults become are patchkit.engine's.
 """
 
 from __future__ import annotations
 
-import errno
-import http.client
 import io
 import json
-import os
-import socket
 import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import __version__
+from patchkit.engine import EngineError, connect, engine_step, explain
 from patchkit.errors import PatchkitError
 from patchkit.images.assemble import Built
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
-
-# The Docker API version spoken. Naming it saves the SDK's /version round trip, which podman answers in
-# ~0.4 s (it gathers host facts). 1.41 is Docker 20.10's; every later Docker and podman 3+ serve it, and
-# it has everything used here (build with platform, archive reads, push).
-API_VERSION = "1.41"
-
-
-DEFAULT_SOCKET = "/var/run/docker.sock"
-
-
-class EngineError(PatchkitError):
-    """The engine failed or stopped answering during `step` (exit 2): `cause` is what the transport or the
-    SDK raised, `detail` the engine's own words, `clean` the commands that remove what the engine may keep
-    from this build."""
-
-    def __init__(self, step: str, cause: str, detail: str = "", clean: Sequence[str] = ()):
-        self.step, self.cause, self.clean = step, cause, list(clean)
-        text = f"the engine failed while {step} ({cause}{': ' + detail if detail else ''})"
-        super().__init__(text + (f"; what it may keep: {'; '.join(self.clean)}" if self.clean else ""))
-
-
-class NoEngine(PatchkitError):
-    """No Docker-API engine answers where --engine/--load looked (exit 2): `where` it looked (the URL,
-    DOCKER_HOST or the default socket) and the `cause`, the name of what the SDK raised."""
-
-    def __init__(self, where: str, cause: str):
-        self.where, self.cause = where, cause
-        super().__init__(f"no Docker-API engine at {where} ({cause}): the default daemonless build needs none, "
-                         "run `patchkit build` without --engine/--load")
-
-
-def engine_faults() -> tuple[type[BaseException], ...]:
-    """What a Docker-API call raises when the engine errs or goes away: the SDK's errors (its APIError is
-    requests' HTTPError), requests' (ConnectionError, ChunkedEncodingError, ReadTimeout), urllib3's that
-    leak through a streamed body (ProtocolError), http.client's, the socket's (OSError), and the SDK's
-    StreamParseError (a RuntimeError) for a JSON stream cut inside an object."""
-    import docker
-    import requests
-    import urllib3
-
-    return (docker.errors.DockerException, docker.errors.StreamParseError, requests.exceptions.RequestException,
-            urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
-
-
-def explain(exc: BaseException) -> str:
-    """The engine's own words for an API error, else the exception's."""
-    return str(getattr(exc, "explanation", None) or exc).strip()[:500]
-
-
-@contextmanager
-def engine_step(step: str, clean=lambda: ()) -> Iterator[None]:
-    """Run one step against the engine: any engine fault becomes an EngineError naming the step and what
-    to clean (`clean()`, evaluated at the failure)."""
-    try:
-        yield
-    except PatchkitError:
-        raise
-    except engine_faults() as exc:
-        raise EngineError(step, exc.__class__.__name__, explain(exc), clean()) from None
-
-
-def _socket_path(engine_url: str | None) -> str | None:
-    url = engine_url or os.environ.get("DOCKER_HOST") or f"unix://{DEFAULT_SOCKET}"
-    return url.removeprefix("unix://") if url.startswith(("unix://", "/")) else None
-
-
-def _refused_by_permission(path: str) -> bool:
-    """Whether connecting to the unix socket `path` fails with EACCES (a user outside the docker group)."""
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(5)
-            sock.connect(path)
-    except OSError as exc:
-        return exc.errno in (errno.EACCES, errno.EPERM)
-    return False
-
-
-def connect(engine_url: str | None = None):
-    """A docker SDK client for `engine_url` (else DOCKER_HOST, else the default socket), pinged."""
-    import docker
-
-    try:
-        client = (docker.DockerClient(base_url=engine_url, version=API_VERSION) if engine_url
-                  else docker.from_env(version=API_VERSION))
-        client.ping()
-    except Exception as exc:  # the SDK raises DockerException, requests' or OSError's by transport
-        where = engine_url or os.environ.get("DOCKER_HOST", "the default Docker socket")
-        path = _socket_path(engine_url)
-        if path is not None and _refused_by_permission(path):
-            raise EngineError("connecting", "EACCES", f"permission denied on the engine's socket {path}: this user "
-                              "may not use it; join the docker group with `sudo usermod -aG docker $USER`, then "
-                              "log out and in again (or run the daemonless build: `patchkit build` without "
-                              "--engine/--load)") from None
-        raise NoEngine(where, exc.__class__.__name__) from None
-    return client
 
 
 def render_context(built: Built, dest: Path) -> Path:

@@ -33,8 +33,8 @@ import requests
 import urllib3
 from packaging.utils import canonicalize_name
 
+from patchkit.engine import EngineError
 from patchkit.errors import PatchkitError
-from patchkit.images.engine import EngineError
 from patchkit.oci.base import Base
 from patchkit.oci.layer import Member, normalize
 from patchkit.oci.source import PackagePaths, PackageRoot
@@ -43,7 +43,7 @@ from patchkit.sources.installed_version import VERSION_MODULES, held_version
 from patchkit.sources.metadata import version_py
 
 # What a transport raises when the engine stops answering: requests' errors, urllib3's and http.client's
-# that leak through a streamed body, OSError by socket (images.engine.engine_faults adds the SDK's own)
+# that leak through a streamed body, OSError by socket (patchkit.engine.engine_faults adds the SDK's own)
 ENGINE_GONE = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
 
 READERS = 4          # containers read at once: the engine serialises requests on each one

@@ -14,7 +14,7 @@ engine (a Spark owner pulled it to run it), so only the patched files move.
    the versioned tag and `:latest` together (images.engine.engine_build says how) and pushes `--push`.
 
 Whatever the engine does at any of these steps (errs, drops the connection, is killed, loses a
-container) is an exit-2 error naming the step and what the engine may keep (images.engine.EngineError).
+container) is an exit-2 error naming the step and what the engine may keep (patchkit.engine.EngineError).
 """
 
 from __future__ import annotations
@@ -24,17 +24,10 @@ import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from patchkit.engine import EngineError, engine_step, explain
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
-from patchkit.images.engine import (
-    EngineError,
-    dockerfile,
-    engine_build,
-    engine_push,
-    engine_step,
-    explain,
-    tags_for,
-)
+from patchkit.images.engine import dockerfile, engine_build, engine_push, tags_for
 from patchkit.images.engine_files import ContainerSource, LocalBase
 from patchkit.images.labels import describe_image
 from patchkit.images.new_layer import new_layer

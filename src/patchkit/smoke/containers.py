@@ -5,11 +5,10 @@ labelled so the smoke only ever removes its own, its log read bounded before it 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, Protocol
 
-import requests
-
+from patchkit.engine import NEGOTIATED, answer, connect, engine_step
 from patchkit.errors import PatchkitError
 from patchkit.untrusted import InputTooLarge, limit_of
 
@@ -37,29 +36,24 @@ def host_name(host: str) -> str:
 SMOKE_LABEL = "io.patchkit.smoke"  # on every container the smoke creates: only those it ever removes
 GPU_CHOICES = ("auto", "all", "none")
 STOP_TIMEOUT_S = 30  # vLLM shuts down on SIGTERM; a wedged engine gets SIGKILL after this
+REQUEST_TIMEOUT_S = 120  # each request to a host's engine (an ssh:// host's round trips are slower)
 
 
 class RunnerError(PatchkitError):
     """A host's container engine refused or failed a step of the smoke (exit 2): `host` the engine asked,
-    `step` what it was asked, `detail` its answer (images.engine.EngineError is the build's)."""
+    `step` what it was asked, `detail` its answer (patchkit.engine.EngineError is the build's)."""
 
     def __init__(self, host: str, step: str, detail: str):
         self.host, self.step, self.detail = host, step, detail
         super().__init__(f"{host}: {step}: {detail}")
 
 
-@contextmanager
 def _engine(host: str, step: str):
-    """The docker SDK's and requests' failures as one RunnerError naming the host and the step."""
-    import docker
+    """An engine fault during `step` (patchkit.engine's policy) as one RunnerError naming the host and the step."""
+    def refused(step: str, fault: BaseException, clean: Sequence[str]) -> RunnerError:
+        return RunnerError(host, step, answer(fault))
 
-    try:
-        yield
-    except docker.errors.DockerException as exc:
-        explanation = getattr(exc, "explanation", None) or str(exc)
-        raise RunnerError(host, step, str(explanation)[:2000]) from None
-    except requests.RequestException as exc:
-        raise RunnerError(host, step, f"the engine did not answer: {type(exc).__name__}: {exc}"[:2000]) from None
+    return engine_step(step, error=refused)
 
 
 class DockerRunner:
@@ -189,20 +183,9 @@ def _host_path(host: str, path: str) -> str:
 
 
 def _client(host: str):
-    """A docker SDK client of `host`; ssh:// goes through the system's ssh client, which the SDK's
-    transport module imports paramiko for (the `docker[ssh]` extra): refused up front without it."""
-    import importlib.util
-
-    import docker
-
-    ssh = host.startswith("ssh://")
-    if ssh and importlib.util.find_spec("paramiko") is None:
-        raise RunnerError(host, "connect", "an ssh:// host needs paramiko, which the docker SDK's ssh transport imports "
-                          "(pip install 'docker[ssh]'); or forward the host's socket and give unix://")
-    with _engine(host, "connect to the Docker API"):
-        client = docker.DockerClient(base_url=host, use_ssh_client=ssh, timeout=120)
-        client.ping()
-    return client
+    """A docker SDK client of `host`, the API version the engine names (patchkit.engine.connect)."""
+    return connect(host, version=NEGOTIATED, timeout=REQUEST_TIMEOUT_S,
+                   refuse=lambda step, detail: RunnerError(host, step, detail))
 
 
 def _detect_gpus(client, host: str) -> str:

@@ -34,6 +34,7 @@ from patchkit.bootlog.judge import Finding, judge_log, judge_spec_counters
 from patchkit.bootlog.markers import MARKER
 from patchkit.checkpoint.serve import ServeCommand
 from patchkit.errors import PatchkitError
+from patchkit.localfiles import atomic_write
 from patchkit.patching.patchset import InvalidPatchFile, Patch
 from patchkit.smoke.api import CHAT_PROMPT, chat, corruption_probe, serving_probes, wait_healthy
 from patchkit.smoke.containers import Runner, host_name
@@ -106,9 +107,9 @@ class Receipt:
         return [path.with_name(f"{path.stem}.node{rank}.log") for rank in range(len(self.logs))]
 
     def write(self, path: Path) -> None:
-        path.write_text(self.to_json() + "\n", encoding="utf-8")
+        atomic_write(path, (self.to_json() + "\n").encode("utf-8"))
         for text, log_path in zip(self.logs, self.log_paths(path), strict=True):
-            log_path.write_text(text, encoding="utf-8")
+            atomic_write(log_path, text.encode("utf-8"))
 
     def __rich__(self):
         from rich.markup import escape

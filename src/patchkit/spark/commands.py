@@ -8,16 +8,12 @@ cannot be reached at all is bad input (HostUnreachable, exit 2).
 
 from __future__ import annotations
 
-import os
 import shlex
-import signal
-import subprocess
-import threading
 from dataclasses import dataclass
 from typing import Protocol
 
+from patchkit.bounded_process import run_bounded
 from patchkit.errors import PatchkitError
-from patchkit.untrusted import read_stream
 
 TIMEOUT_S = 30.0
 IMAGE_TIMEOUT_S = 300.0  # `docker run --rm IMAGE nvcc --version` may first pull the image
@@ -53,35 +49,12 @@ def _bounded(argv: list[str], timeout: float, what: str) -> Output:
     """Run `argv`, reading at most the tool-output limit of what it prints; killed (its whole process
     group) at `timeout`."""
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        finished = run_bounded(argv, timeout=timeout, kind="tool-output", what=what)
     except FileNotFoundError:
         return Output(NOT_FOUND, f"{argv[0]}: command not found")
     except OSError as exc:
         return Output(NOT_FOUND, f"{argv[0]}: cannot be run: {exc.strerror or exc}")
-    expired = threading.Event()
-
-    def kill() -> None:
-        expired.set()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-    stdout = proc.stdout
-    assert stdout is not None  # stdout=PIPE
-    timer = threading.Timer(timeout, kill)
-    timer.start()
-    try:
-        data = read_stream(stdout, "tool-output", what)
-    except BaseException:
-        kill()
-        raise
-    finally:
-        timer.cancel()
-        stdout.close()
-        proc.wait()
-    return Output(None if expired.is_set() else proc.returncode, data.decode("utf-8", "replace"))
+    return Output(None if finished.timed_out else finished.code, finished.output.decode("utf-8", "replace"))
 
 
 class LocalCommands:

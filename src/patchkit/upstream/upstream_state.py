@@ -14,24 +14,21 @@ https://docs.github.com/en/rest/issues/issues#get-an-issue (an issue answer for 
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
 import msgspec
 
+from patchkit.bounded_process import run_bounded
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import decode
+from patchkit.localfiles import atomic_write
 from patchkit.patching.patchset import Patch
 from patchkit.patching.schema import TrackedTable
 from patchkit.patching.upstream import tracked_url
-from patchkit.untrusted import read_file, read_stream
+from patchkit.untrusted import read_file
 
 GH_TIMEOUT_S = 60.0
 _RELEASE = re.compile(r"v?(\d+(?:\.\d+)+(?:[a-z0-9.+-]*)?)")
@@ -102,44 +99,19 @@ class GhAnswers:
 
     def read(self, api_path: str) -> tuple[bytes, str]:
         what = f"`{self.gh} api {api_path}`"
-        with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty stderr cannot stall the read
-            try:
-                proc = subprocess.Popen([self.gh, "api", api_path], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=errors, start_new_session=True)
-            except OSError as exc:
-                raise PatchkitError(f"{what}: cannot run GitHub's CLI ({exc.strerror or exc}); install gh, or read "
-                                    "recorded answers with --answers DIR") from None
-            stdout = proc.stdout
-            assert stdout is not None  # stdout=PIPE
-            timer = threading.Timer(GH_TIMEOUT_S, lambda: _kill(proc))
-            timer.start()
-            try:
-                data = read_stream(stdout, "github-answer", what)
-            except BaseException:
-                _kill(proc)
-                raise
-            finally:
-                timer.cancel()
-                stdout.close()
-                proc.wait()
-            errors.seek(0)
-            err = errors.read(4096)
-        if proc.returncode != 0:
-            detail = err.decode("utf-8", "replace").strip()[-500:] or (
-                f"killed after {GH_TIMEOUT_S:.0f} s" if proc.returncode < 0 else f"exit status {proc.returncode}")
+        try:
+            finished = run_bounded([self.gh, "api", api_path], timeout=GH_TIMEOUT_S, kind="github-answer", what=what,
+                                   stderr_apart=True)
+        except OSError as exc:
+            raise PatchkitError(f"{what}: cannot run GitHub's CLI ({exc.strerror or exc}); install gh, or read "
+                                "recorded answers with --answers DIR") from None
+        if finished.code != 0:
+            detail = finished.errors.decode("utf-8", "replace").strip()[-500:] or (
+                f"killed after {GH_TIMEOUT_S:.0f} s" if finished.code < 0 else f"exit status {finished.code}")
             raise PatchkitError(f"{what} failed: {detail}")
         if self.record_to is not None:  # replayable later with --answers
-            path = self.record_to / f"{api_path}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        return data, what
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
+            atomic_write(self.record_to / f"{api_path}.json", finished.output)
+        return finished.output, what
 
 
 @dataclass(frozen=True)

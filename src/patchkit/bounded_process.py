@@ -1,0 +1,70 @@
+"""A host tool run bounded in time and in output: what it prints is read up to a kind's limit (untrusted),
+and at its timeout the tool is killed with its whole process group (it runs in a session of its own, so
+what it started, nvcc's cicc and ptxas or ssh's children, goes with it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from patchkit.untrusted import read_stream
+
+ERRORS_KEPT = 4096  # of a separate stderr, the first bytes: enough for a tool's own error line
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a tool ended: `code` its exit status (negative: killed by that signal), `timed_out` whether the
+    timeout killed it, `output` what it printed (stderr too unless kept apart), `errors` the head of a
+    stderr kept apart."""
+
+    code: int
+    timed_out: bool
+    output: bytes
+    errors: bytes = b""
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL `proc`'s process group (gone already: nothing to do)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def run_bounded(argv: Sequence[str], *, timeout: float, kind: str, what: str, cwd: Path | str | None = None,
+                stderr_apart: bool = False) -> Finished:
+    """Run `argv` (stdin closed), reading at most `kind`'s limit of what it prints (InputTooLarge past it,
+    the tool killed); its process group killed at `timeout` seconds. `what` names the output in errors.
+    Starting it may raise OSError (FileNotFoundError: no such tool), the caller's to word."""
+    with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty stderr cannot stall the read
+        proc = subprocess.Popen(list(argv), cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=errors if stderr_apart else subprocess.STDOUT, start_new_session=True)
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            kill_group(proc)
+
+        stdout = proc.stdout
+        assert stdout is not None  # stdout=PIPE
+        timer = threading.Timer(timeout, expire)
+        timer.start()
+        try:
+            data = read_stream(stdout, kind, what)
+        except BaseException:
+            kill_group(proc)
+            raise
+        finally:
+            timer.cancel()
+            stdout.close()
+            proc.wait()
+        errors.seek(0)
+        return Finished(proc.returncode, expired.is_set(), data, errors.read(ERRORS_KEPT))

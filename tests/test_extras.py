@@ -33,8 +33,8 @@ from patchkit.images.definitions import WheelPin, load_image, load_images
 from patchkit.images.engine import render_context
 from patchkit.images.extras import DIR_MODE, Scheme, WheelPinMismatch, extra_layer, fetch, install
 from patchkit.patching.patchset import load_patchset
+from patchkit.sources.verified_wheel import BadWheel
 from patchkit.variants.definitions import find_variant, load_variants
-from patchkit.wheels.verified import BadWheel
 from registry import flatten, make_base, push_base, registry_server, vllm_sdist  # noqa: F401
 from test_sources import FakeIndex
 

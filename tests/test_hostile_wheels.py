@@ -37,30 +37,18 @@ from patchkit.jsondata import MalformedJson
 from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
 from patchkit.sources.cache import ArchiveCache
+from patchkit.sources.verified_wheel import BadWheel, open_wheel
 from patchkit.untrusted import InputTooLarge
 from patchkit.wheels import build as build_module
 from patchkit.wheels.build import build_wheel
 from patchkit.wheels.index import write_index
 from patchkit.wheels.manifest import WheelManifest, installed_manifests
-from patchkit.wheels.verified import BadWheel, open_wheel
+from wheel_files import record_hash, record_of
 
 pytestmark = [pytest.mark.vllm]
 
 REPO = Path(__file__).resolve().parents[1]
 PLATFORM_TAG = "cp38-abi3-manylinux_2_28_x86_64"
-
-
-def record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def record_of(members: dict[str, bytes], dist_info: str) -> bytes:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    for name, data in members.items():
-        writer.writerow([name, record_hash(data), len(data)])
-    writer.writerow([f"{dist_info}/RECORD", "", ""])
-    return out.getvalue().encode()
 
 
 def write_zip(path: Path, entries: list[tuple[str, bytes, int]]) -> Path:

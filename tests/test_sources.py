@@ -49,6 +49,8 @@ from patchkit.sources.directory import OutsidePackageRoot
 from patchkit.sources.git import GitFetchFailed, UnknownRef
 from patchkit.sources.index import DownloadFailed, HashMismatch, IndexUnavailable, NotAProjectPage, NotOnIndex
 from patchkit.sources.spec import InvalidSourceSpec
+from patchkit.sources.verified_wheel import BadWheel
+from wheel_files import record_hash, record_of
 
 VLLM_FILES = {
     "__init__.py": b"from vllm.version import __version__\n",
@@ -104,15 +106,18 @@ def wheel_bytes(
     package: str = "vllm",
     stated_version: str | None = None,
 ) -> bytes:
+    """A wheel as setuptools writes one: the package's files, METADATA, WHEEL and a RECORD hashing each."""
     buffer = io.BytesIO()
     dist_info = f"{dist.replace('-', '_')}-{version}.dist-info"
+    members = {f"{package}/{name}": data for name, data in files.items()}
+    members[f"{dist_info}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {dist}\nVersion: {stated_version or version}\n".encode()
+    )
+    members[f"{dist_info}/WHEEL"] = b"Wheel-Version: 1.0\n"
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, data in files.items():
-            archive.writestr(f"{package}/{name}", data)
-        archive.writestr(
-            f"{dist_info}/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: {stated_version or version}\n"
-        )
-        archive.writestr(f"{dist_info}/WHEEL", "Wheel-Version: 1.0\n")
+        for name, data in members.items():
+            archive.writestr(name, data)
+        archive.writestr(f"{dist_info}/RECORD", record_of(members, dist_info))
     return buffer.getvalue()
 
 
@@ -453,16 +458,50 @@ def test_wheel_file_reads_members_and_version_from_metadata(tmp_path):
 def test_wheel_whose_metadata_contradicts_its_name_or_that_is_corrupt_is_refused(tmp_path):
     lying = tmp_path / "vllm-0.33.0-py3-none-any.whl"
     lying.write_bytes(wheel_bytes("vllm", "0.33.0", stated_version="0.32.0"))
-    with pytest.raises(MetadataDisagrees) as lie:
+    with pytest.raises(BadWheel) as lie:
         WheelSource(lying)
-    assert (lie.value.file, lie.value.stated, lie.value.expected, lie.value.expected_by) == (
-        "METADATA", "vllm 0.32.0", "vllm 0.33.0", "the file name")
+    assert (lie.value.problem, lie.value.member, lie.value.detail) == (
+        "metadata", "vllm-0.33.0.dist-info/METADATA", "METADATA says vllm 0.32.0, the file name vllm 0.33.0")
     corrupt = tmp_path / "vllm-0.33.1-py3-none-any.whl"
     corrupt.write_bytes(wheel_bytes("vllm", "0.33.1")[:200])
-    with pytest.raises(CorruptArchiveError) as info:
+    with pytest.raises(BadWheel) as info:
         WheelSource(corrupt)
-    assert (info.value.path, info.value.removed) == (corrupt, False)
+    assert (info.value.wheel, info.value.problem, info.value.removed) == (str(corrupt), "zip", False)
     assert corrupt.exists()  # a user's file is never deleted
+
+
+def test_a_wheel_member_that_differs_from_its_record_is_refused_before_it_is_read(tmp_path):
+    """The RECORD of one wheel, the members of another: refused whole, naming what RECORD says and what
+    the member's bytes hash to, before the planner reads a file."""
+    files = {**VLLM_FILES, "config/model.py": b"MODEL = 'tampered'\n"}
+    honest = io.BytesIO(wheel_bytes("vllm", "0.33.0"))
+    path = tmp_path / "vllm-0.33.0-py3-none-any.whl"
+    with zipfile.ZipFile(honest) as stock, zipfile.ZipFile(path, "w") as out:
+        for info in stock.infolist():
+            name = info.filename.removeprefix("vllm/")
+            out.writestr(info, files[name] if info.filename.startswith("vllm/") else stock.read(info))
+    with pytest.raises(BadWheel) as refused:
+        open_source(str(path))
+    assert (refused.value.problem, refused.value.member) == ("hash", "vllm/config/model.py")
+    assert refused.value.detail == (f"RECORD says {record_hash(VLLM_FILES['config/model.py'])}, its bytes hash to "
+                                    f"{record_hash(files['config/model.py'])}")
+
+
+def test_a_release_wheel_from_the_index_is_verified_and_dropped_from_the_cache_when_bad(index, cache):
+    """The index's sha256 vouches for the download, not for the wheel: one whose RECORD disowns a member
+    is refused like a person's, and the cache forgets it."""
+    files = {"__init__.py": b"", "jit/core.py": b"JIT\n"}
+    good = wheel_bytes("flashinfer-python", "0.7.2.post1", files, package="flashinfer")
+    raw = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(good)) as stock, zipfile.ZipFile(raw, "w") as out:
+        for info in stock.infolist():
+            out.writestr(info, b"EVIL\n" if info.filename == "flashinfer/jit/core.py" else stock.read(info))
+    index.add("flashinfer-python", "flashinfer_python-0.7.2.post1-py3-none-any.whl", raw.getvalue())
+    with pytest.raises(BadWheel, match=r"member 'flashinfer/jit/core.py': RECORD says sha256=.*removed it from the "
+                       r"cache") as refused:
+        open_source("flashinfer-python==0.7.2.post1", cache=cache, progress=False)
+    assert (refused.value.problem, refused.value.removed) == ("hash", True)
+    assert cache_entries(cache) == []
 
 
 # --- the package index ----------------------------------------------------------------------------

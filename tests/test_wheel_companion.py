@@ -29,9 +29,9 @@ from patchkit.cli.main import PatchkitGroup
 from patchkit.cli.wheel import wheel_group
 from patchkit.errors import PatchkitError
 from patchkit.sources.pins import pinned_in_metadata
+from patchkit.sources.verified_wheel import open_wheel
 from patchkit.wheels.manifest import WheelManifest
 from patchkit.wheels.requires import Substitution, substitute_requirement
-from patchkit.wheels.verified import open_wheel
 from test_sources import FakeIndex
 from wheel_files import assert_record_matches, cache_release_wheel, members
 

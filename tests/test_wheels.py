@@ -32,11 +32,11 @@ from patchkit.patching.carry import ChangesNothing
 from patchkit.patching.patchset import load_patchset
 from patchkit.patching.planner import Mode, PlanFailed, State
 from patchkit.patching.series import series_hash
+from patchkit.sources.verified_wheel import open_wheel
 from patchkit.sources.wheel import WheelSource
 from patchkit.wheels.build import build_wheel
 from patchkit.wheels.index import write_index
 from patchkit.wheels.release import release_wheel
-from patchkit.wheels.verified import open_wheel
 from wheel_files import assert_record_matches, members
 
 pytestmark = [pytest.mark.network, pytest.mark.vllm]

@@ -13,6 +13,21 @@ import zipfile
 from pathlib import Path
 
 
+def record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def record_of(members: dict[str, bytes], dist_info: str) -> bytes:
+    """The RECORD of these members as setuptools writes one: a row each with its sha256 and size, then
+    RECORD's own row without either."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for name, data in members.items():
+        writer.writerow([name, record_hash(data), len(data)])
+    writer.writerow([f"{dist_info}/RECORD", "", ""])
+    return out.getvalue().encode()
+
+
 def members(path: Path) -> dict[str, bytes]:
     with zipfile.ZipFile(path) as archive:
         assert archive.testzip() is None  # every member's CRC

@@ -5,7 +5,7 @@ into the image's site-packages exactly as pip installs them, as files of the one
    cache as every other download (sources.index + sources.cache: sha256 checked while streaming, entered
    by rename, bounded by the `archive` limit). The index must list that very file with the pinned sha256,
    and the bytes opened are hashed again against the pin (`WheelPinMismatch`, exit 2: nothing is built).
-2. verify: the whole wheel as the patched-wheel path verifies a release wheel (wheels.verified: safe
+2. verify: the whole wheel as the patched-wheel path verifies a release wheel (sources.verified_wheel: safe
    names, one dist-info of its own project and version, every member against its RECORD, bounded
    inflation); every byte installed is read back through that check.
 3. install: pypa/installer, the reference implementation of the wheel spec pip follows, into the
@@ -48,8 +48,8 @@ from patchkit.images.definitions import Image, WheelPin
 from patchkit.oci.layer import Entry
 from patchkit.sources.cache import ArchiveCache, default_cache_root
 from patchkit.sources.index import download, project_files
+from patchkit.sources.verified_wheel import BadWheel, VerifiedWheel, open_wheel
 from patchkit.untrusted import open_regular
-from patchkit.wheels.verified import BadWheel, VerifiedWheel, open_wheel
 
 INSTALLER = b"patchkit\n"
 FILE_MODE, EXECUTABLE_MODE, DIR_MODE = 0o644, 0o755, 0o755   # pip's, under umask 022

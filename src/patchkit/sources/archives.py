@@ -1,4 +1,4 @@
-"""Reading single members out of archives without extracting them, and the source over such an archive.
+"""Reading single members out of an sdist without extracting it, and the source over an archive.
 
 A .tar.gz cannot be seeked: reaching any member means decompressing everything before it. So a read
 that misses the caches costs one streaming pass over the whole archive (`sources.tarscan`: ISA-L
@@ -13,16 +13,13 @@ Member names are compared as an extractor would write them: `vllm/./envs.py`, `/
 `vllm/envs.py` are one file, so aliases count as stored twice; a name with `..`, a NUL or bytes that are
 not UTF-8 refuses the archive, and so does a member under a name the archive stores as a link or a file
 (a package directory that is a symlink: extracted, its members would be written elsewhere).
+
+A wheel is read through its verified members instead (sources.wheel over sources.verified_wheel): a zip
+seeks, and every member is held against its RECORD row before any is used.
 """
 
 from __future__ import annotations
 
-import lzma
-import os
-import stat
-import struct
-import zipfile
-import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
@@ -39,7 +36,7 @@ from patchkit.sources.base import (
 )
 from patchkit.sources.cache import FileCache
 from patchkit.sources.tarscan import INFLATE_ERRORS, TarError, open_gzip, scan
-from patchkit.untrusted import InputTooLarge, limit_of, open_regular, read_stream
+from patchkit.untrusted import InputTooLarge, limit_of, open_regular
 
 _KINDS = {"dir": "a directory", "link": "a link", "other": "not a regular file", "duplicate": "stored twice"}
 
@@ -53,16 +50,6 @@ class CorruptArchiveError(PatchkitError):
         self.path, self.reason, self.removed = path, reason, removed
         note = "; removed it from the cache, the next run downloads it again" if removed else ""
         super().__init__(f"archive {path} is corrupt or truncated ({reason}){note}")
-
-
-class UnreadableMember(PatchkitError):
-    """A zip member stored in a way patchkit does not read (exit 2): the archive `path`, the `member` and
-    the `problem` ("encrypted", or the compression method it uses)."""
-
-    def __init__(self, path: Path, member: str, problem: str):
-        self.path, self.member, self.problem = path, member, problem
-        super().__init__(f"archive {path}: {member} is {problem}; patchkit reads plain members compressed with "
-                         f"{', '.join(_METHODS.values())}")
 
 
 class UnsafeArchiveError(PatchkitError):
@@ -214,82 +201,8 @@ class TarGzArchive:
         return listing
 
 
-# What zipfile raises for a damaged or hostile archive: a bad header or CRC, a truncated deflate, LZMA or
-# bzip2 stream, a method it lacks (NotImplementedError), an encrypted member (RuntimeError), a name that
-# is not UTF-8 though flagged so (UnicodeDecodeError, a ValueError), a short struct.
-_ZIP_ERRORS = (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error, lzma.LZMAError, NotImplementedError,
-               RuntimeError, struct.error, OverflowError)
-_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2",
-            zipfile.ZIP_LZMA: "lzma"}
-
-
-def central_directory_size(file) -> int:
-    """The size the end record gives the central directory (zip64's when it defers to it): zipfile reads
-    that much at once and makes an object per entry, so it is bounded before zipfile opens the file."""
-    end = file.seek(0, os.SEEK_END)
-    file.seek(max(0, end - 22 - 0xFFFF))  # the end record, then a comment of at most 64 KiB
-    tail = file.read()
-    at = tail.rfind(b"PK\x05\x06")
-    size = struct.unpack_from("<I", tail, at + 12)[0] if 0 <= at <= len(tail) - 22 else 0  # else zipfile refuses
-    if size == 0xFFFFFFFF and at >= 20 and tail[at - 20:at - 16] == b"PK\x06\x07":
-        file.seek(struct.unpack_from("<Q", tail, at - 12)[0])
-        record = file.read(56)
-        size = struct.unpack_from("<Q", record, 40)[0] if record[:4] == b"PK\x06\x06" and len(record) == 56 else size
-    file.seek(0)
-    return size
-
-
-class ZipArchive:
-    """Zip members are indexed and checksummed one by one: each read opens just that member, capped. The
-    central directory is bounded by the `metadata` limit (it is the size of RECORD's order)."""
-
-    def __init__(self, path: Path, *, discard: Callable[[], None] | None = None):
-        self.path, self._discard = path, discard
-        self._listing: dict[str, str] = {}
-        self._infos: dict[str, zipfile.ZipInfo] = {}
-        try:
-            with open_regular(path, "archive", f"archive {path}") as file:
-                size, limit = central_directory_size(file), limit_of("metadata")
-                if size > limit:
-                    raise InputTooLarge(f"archive {path}: its central directory", "metadata", limit, size)
-                with zipfile.ZipFile(file) as archive:
-                    infos = archive.infolist()
-        except _ZIP_ERRORS as error:
-            raise _corrupt(path, error, discard) from error
-        for info in infos:
-            name = member_name(path, info.filename.rstrip("/"))
-            kind = "dir" if info.is_dir() else "link" if stat.S_ISLNK(info.external_attr >> 16) else "file"
-            record(self._listing, name, kind)
-            self._infos[name] = info
-        check_ancestors(path, self._listing)
-
-    def listing(self) -> dict[str, str]:
-        return self._listing
-
-    def read_many(self, members: Iterable[str], kind: str = "member") -> dict[str, bytes]:
-        """Each member inflated to at most `kind`'s limit; a member past it is refused, not read."""
-        limit = limit_of(kind)
-        infos = {member: self._infos[member] for member in members}
-        for member, info in infos.items():
-            if info.flag_bits & 0x1:
-                raise UnreadableMember(self.path, member, "encrypted")
-            if info.compress_type not in _METHODS:
-                raise UnreadableMember(self.path, member, f"compressed with method {info.compress_type}")
-            if info.file_size > limit:
-                raise InputTooLarge(f"archive {self.path}: {member}", kind, limit, info.file_size)
-        try:
-            with open_regular(self.path, "archive", f"archive {self.path}") as file, zipfile.ZipFile(file) as archive:
-                found = {}
-                for member, info in infos.items():
-                    with archive.open(info) as stream:
-                        found[member] = read_stream(stream, kind, f"archive {self.path}: {member}", limit)
-                return found
-        except _ZIP_ERRORS as error:
-            raise _corrupt(self.path, error, self._discard) from error
-
-
 class Archive(Protocol):
-    """What ArchiveSource reads through: TarGzArchive, ZipArchive, a verified wheel's members."""
+    """What ArchiveSource reads through: TarGzArchive, a verified wheel's members (sources.wheel)."""
 
     path: Path
 
@@ -348,8 +261,6 @@ class ArchiveSource(SourceDefaults):
             return None
         if kind != "file":
             raise NotARegularMember(name, _KINDS.get(kind, "not a regular file"), str(self._archive.path))
-        if isinstance(self._archive, ZipArchive):
-            return self._archive.read_many([name], "metadata")[name]
         data = self._archive.read_many([name])[name]
         if len(data) > limit_of("metadata"):
             raise InputTooLarge(f"archive {self._archive.path}: {name}", "metadata", limit_of("metadata"), len(data))

@@ -1,46 +1,69 @@
-"""A wheel (.whl): the packages at its top level, versioned by its single `*.dist-info/METADATA`."""
+"""A wheel (.whl): the packages at its top level, every file read a member verified against its RECORD.
+
+The one wheel source, whoever names the wheel: a person's `--source x.whl`, a release the index gave
+(`vllm==X` where the release has only wheels, a FlashInfer companion), the release wheel a patched wheel
+is built from (wheels.build). Each is checked whole before any of it is read (sources.verified_wheel:
+safe member names, one dist-info of the file name's project and version, every member against its RECORD
+row, METADATA), so a plan never runs on bytes the wheel's own RECORD disowns; BadWheel (exit 2) names
+the wheel, the member, what RECORD says and what was found.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+import weakref
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-
-from patchkit.sources.archives import ArchiveSource, ZipArchive
-from patchkit.sources.base import MetadataDisagrees, NoSuchSource, NotADistribution
-from patchkit.sources.metadata import core_metadata, same_distribution, same_version
+from patchkit.sources.archives import ArchiveSource
+from patchkit.sources.base import NoSuchSource
+from patchkit.sources.verified_wheel import BadWheel, VerifiedWheel, verify_wheel
 from patchkit.untrusted import open_regular
 
 
+class _Members:
+    """What ArchiveSource reads through: the verified members, each read checked again against what was
+    verified. One file position is shared, so reads take turns (a companion source serves several threads)."""
+
+    def __init__(self, wheel: VerifiedWheel):
+        self.path, self._wheel = wheel.path, wheel
+        self._lock = threading.Lock()
+
+    def listing(self) -> dict[str, str]:
+        return dict.fromkeys(self._wheel.members, "file")
+
+    def read_many(self, members: Iterable[str], kind: str = "member") -> dict[str, bytes]:
+        with self._lock:
+            return {member: self._wheel.read(member, kind) for member in members}
+
+
 class WheelSource(ArchiveSource):
-    def __init__(self, path: str | Path, *, origin: str | None = None, discard: Callable[[], None] | None = None):
-        """The file name, the METADATA and (for index downloads) the asked-for version must all agree."""
-        path = Path(path)
-        if not path.is_file():
-            if path.exists():  # a FIFO, device or directory: refused as what it is, never opened blocking
-                open_regular(path, "archive", f"wheel {path}").close()
-            raise NoSuchSource("wheel", path, "does not exist")
-        try:
-            name, version, _, _ = parse_wheel_filename(path.name)
-        except InvalidWheelFilename as error:
-            raise NotADistribution(path, "not a wheel file name", "NAME-VERSION(-BUILD)-PY-ABI-PLATFORM.whl",
-                                   str(error)) from error
-        archive = ZipArchive(path, discard=discard)
-        dist_infos = sorted({n.split("/")[0] for n in archive.listing() if n.split("/")[0].endswith(".dist-info")})
-        if len(dist_infos) != 1:
-            raise NotADistribution(path, "not a wheel", "one *.dist-info directory", str(dist_infos or "none"))
-        super().__init__(archive, prefix="")
-        metadata = self._member(f"{dist_infos[0]}/METADATA")
-        if metadata is None:
-            raise NotADistribution(path, "no METADATA", f"{dist_infos[0]}/METADATA", "none")
-        stated_name, stated = core_metadata(metadata)
-        if not same_distribution(stated_name, name) or stated is None or not same_version(stated, str(version)):
-            raise MetadataDisagrees(path, "METADATA", "name and version", f"{stated_name} {stated}",
-                                    f"{name} {version}", "the file name")
-        self._versions = dict.fromkeys(self._roots, stated)
-        packages = ", ".join(f"{package} {stated}" for package in self._roots)
-        self.description = f"{packages} wheel ({origin or path})"
+    def __init__(self, wheel: str | Path | VerifiedWheel, *, origin: str | None = None,
+                 discard: Callable[[], None] | None = None):
+        """`wheel` a path (verified here, held open while the source lives) or a wheel verified already
+        (its opener closes it); `origin` what the description says it came from; `discard` drops it from
+        the cache it was read from when it fails verification."""
+        if not isinstance(wheel, VerifiedWheel):
+            wheel = _verified(Path(wheel), discard)
+            weakref.finalize(self, wheel.close)
+        super().__init__(_Members(wheel), prefix="")
+        self._versions = dict.fromkeys(self._roots, wheel.version)
+        packages = ", ".join(f"{package} {wheel.version}" for package in self._roots)
+        self.description = f"{packages} wheel ({origin or wheel.path})"
 
     def versions(self) -> dict[str, str]:
         return dict(self._versions)
+
+
+def _verified(path: Path, discard: Callable[[], None] | None) -> VerifiedWheel:
+    if not path.is_file():
+        if path.exists():  # a FIFO, device or directory: refused as what it is, never opened blocking
+            open_regular(path, "archive", f"wheel {path}").close()
+        raise NoSuchSource("wheel", path, "does not exist")
+    try:
+        return verify_wheel(path)
+    except BadWheel as error:
+        if discard is None:  # a person's file: never deleted
+            raise
+        discard()  # a cache entry: the next run downloads the release afresh
+        raise BadWheel(error.wheel, error.problem, error.detail, error.member, removed=True) from None

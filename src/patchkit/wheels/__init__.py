@@ -1,7 +1,8 @@
 """Patched vLLM wheels: a release's wheel with a series applied (build.py), pip's static index (index.py).
 
 release.py fetches the release's wheel for a platform, archive.py copies zip members without
-recompressing, record.py writes RECORD, manifest.py the `patchkit.json` that `patchkit status` reads.
+recompressing, manifest.py the `patchkit.json` that `patchkit status` reads. A wheel is read and
+verified (and its RECORD parsed and written) by the sources layer: sources/verified_wheel.py.
 """
 
 ARCHES = ("aarch64", "x86_64")

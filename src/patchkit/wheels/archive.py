@@ -16,53 +16,11 @@ same inputs must give the same wheel on any machine.
 from __future__ import annotations
 
 import hashlib
-import struct
 import zipfile
 from collections.abc import Iterator
 from typing import BinaryIO
 
 EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest zip (DOS) date: no clock or SOURCE_DATE_EPOCH in the bytes
-CHUNK = 1 << 20  # members stream through in pieces this size: a 308 MB extension is never held whole
-# The local file header (PKWARE APPNOTE.TXT 4.3.7; zipfile's structFileHeader, which typeshed does not
-# declare): signature, two version bytes, flags, method, time, date, CRC-32, both sizes, name length,
-# extra-field length.
-LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
-_SIGNATURE, _FLAGS, _NAME_LENGTH, _EXTRA_LENGTH = 0, 3, 10, 11
-
-
-def raw_chunks(fp: BinaryIO, info: zipfile.ZipInfo) -> Iterator[bytes]:
-    """The compressed bytes of `info`'s member, as stored, a chunk at a time. The local header is checked
-    as zipfile.open checks it (signature, the same name as the central directory's); `fp` is sought
-    before every read, so zipfile may read the same file in between."""
-    fp.seek(info.header_offset)
-    fixed = fp.read(LOCAL_HEADER.size)
-    if len(fixed) != LOCAL_HEADER.size:
-        raise zipfile.BadZipFile(f"{info.orig_filename}: truncated local header at offset {info.header_offset}")
-    header = LOCAL_HEADER.unpack(fixed)
-    if header[_SIGNATURE] != b"PK\x03\x04":
-        raise zipfile.BadZipFile(f"{info.orig_filename}: no local file header at offset {info.header_offset}")
-    raw_name = fp.read(header[_NAME_LENGTH])
-    utf8 = header[_FLAGS] & 0x800
-    if raw_name.decode("utf-8" if utf8 else "cp437") != info.orig_filename:
-        raise zipfile.BadZipFile(f"{info.orig_filename}: its local header names it {raw_name!r}")
-    position = info.header_offset + LOCAL_HEADER.size + len(raw_name) + header[_EXTRA_LENGTH]
-    left = info.compress_size
-    while left:
-        fp.seek(position)
-        chunk = fp.read(min(CHUNK, left))
-        if not chunk:
-            raise zipfile.BadZipFile(f"{info.orig_filename}: truncated ({info.compress_size - left} of "
-                                     f"{info.compress_size} compressed bytes)")
-        position += len(chunk)
-        left -= len(chunk)
-        yield chunk
-
-
-def raw_sha256(fp: BinaryIO, info: zipfile.ZipInfo) -> str:
-    digest = hashlib.sha256()
-    for chunk in raw_chunks(fp, info):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def mode_of(info: zipfile.ZipInfo) -> int:

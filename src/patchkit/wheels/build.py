@@ -12,7 +12,7 @@ nothing is written unless every patch is whole. The new wheel is the release's w
   published), METADATA's `Requires-Dist` of that pin stating the substitute instead, recorded in
   `patchkit.json`; without one, METADATA changes in its Version alone;
 - fixed timestamps and sorted entries, so the same release wheel and series give the same sha256.
-The release wheel is verified whole first (verified.py: every member against its RECORD, names pip
+The release wheel is verified whole first (sources/verified_wheel.py: every member against its RECORD, names pip
 would install, its own project and version), and every byte copied or read from it after is held
 against what was verified. The file appears by rename from a temporary file beside it: never
 half-written; on any failure the temporary file is gone and no central directory is written to it.
@@ -36,11 +36,12 @@ from patchkit.patching.carry import carry
 from patchkit.patching.patchset import Patch
 from patchkit.patching.planner import FileChange, PatchResult, Plan, plan
 from patchkit.patching.series import series_hash
+from patchkit.sources.verified_wheel import SIGNATURES, VerifiedWheel, open_wheel
+from patchkit.sources.wheel import WheelSource
+from patchkit.sources.wheel_record import RecordRow, format_record, row_for
 from patchkit.wheels.archive import ReproducibleZip, mode_of
 from patchkit.wheels.manifest import MANIFEST, CarriedPatch, SubstitutedRequirement, WheelManifest
-from patchkit.wheels.record import RecordRow, format_record, row_for
 from patchkit.wheels.requires import Substitution, substitute_requirement
-from patchkit.wheels.verified import SIGNATURES, VerifiedWheel, open_wheel
 
 LOCAL_PREFIX = "glm53"
 
@@ -82,7 +83,7 @@ def build_wheel(release: Path, patches: list[Patch], series: str, output: Path, 
     with open_wheel(release) as wheel:
         if wheel.name != "vllm":
             raise PatchkitError(f"{release} is not a vLLM wheel (it is {wheel.name} {wheel.version}'s)")
-        result = plan(patches, wheel.source())
+        result = plan(patches, WheelSource(wheel))
         kept = carry(result, f"series {series}", release.name)  # the one rule images follow too
         carried = [_recorded(r) for r in kept.carried]
         skipped = [_recorded(r) for r in kept.left_out]

@@ -22,8 +22,8 @@ from packaging.utils import canonicalize_name
 
 from patchkit.errors import PatchkitError
 from patchkit.localfiles import atomic_write
+from patchkit.sources.verified_wheel import open_wheel
 from patchkit.wheels.manifest import MANIFEST, WheelManifest
-from patchkit.wheels.verified import open_wheel
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class IndexedWheel:
 
 
 def read_wheel(path: Path) -> IndexedWheel:
-    """A wheel the index may list: verified whole as pip would install it (verified.py), so a link the
+    """A wheel the index may list: verified whole as pip would install it (sources/verified_wheel.py), so a link the
     index gives never leads pip to a wheel it refuses; BadWheel (exit 2) naming it otherwise."""
     with open_wheel(path) as wheel:
         metadata = wheel.read(f"{wheel.dist_info}/METADATA", "metadata")

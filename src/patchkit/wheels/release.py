@@ -18,8 +18,8 @@ from patchkit.sources.cache import ArchiveCache, default_cache_root
 from patchkit.sources.index import IndexFile, project_files
 from patchkit.sources.pins import pinned_in_metadata
 from patchkit.sources.release import fetch_archive
+from patchkit.sources.verified_wheel import open_wheel
 from patchkit.wheels import ARCHES
-from patchkit.wheels.verified import open_wheel
 
 
 def release_wheel(version: str, arch: str, *, dist: str = "vllm", cache_root: Path | None = None,

@@ -25,7 +25,6 @@ for at most CHUNK bytes at a time.
 from __future__ import annotations
 
 import base64
-import bz2
 import contextlib
 import hashlib
 import io
@@ -40,22 +39,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from email.parser import BytesHeaderParser
 from pathlib import Path
+from typing import Protocol
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from patchkit.errors import PatchkitError
-from patchkit.sources.archives import ArchiveSource
 from patchkit.sources.metadata import core_metadata, same_distribution, same_version
+from patchkit.sources.wheel_record import RecordRow, parse_record
+from patchkit.sources.zip_stream import LOCAL_HEADER, METHODS, inflate, raw_chunks
 from patchkit.untrusted import InputTooLarge, UnreadableFile, limit_of, open_regular
-from patchkit.wheels.archive import CHUNK, LOCAL_HEADER, ReproducibleZip, raw_chunks
-from patchkit.wheels.record import RecordRow, parse_record
 
 SIGNATURES = ("RECORD.jws", "RECORD.p7s")  # sign the RECORD; listed unhashed, or not at all
 # The wheel spec: "sha256 or better"; md5 and sha1 are refused as pip's hash checking refuses them.
 HASHES = ("sha256", "sha384", "sha512", "sha3_256", "sha3_384", "sha3_512", "blake2b", "blake2s")
-METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2",
-           zipfile.ZIP_LZMA: "LZMA"}
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _B64 = re.compile(r"^[A-Za-z0-9_-]+$")
 # What zipfile and the decompressors raise on a damaged archive; each becomes a BadWheel naming the member.
@@ -67,12 +64,21 @@ class BadWheel(PatchkitError):
     """A wheel pip or pypa/installer would refuse, or one changed while read (exit 2): `wheel` its path,
     `problem` the kind ("file-name", "zip", "unsafe-name", "duplicate", "dist-info", "record", "unlisted",
     "missing", "compression", "corrupt", "hash", "size", "metadata", "changed"), `detail` what was
-    expected and found, `member` the member concerned (None for the wheel as a whole)."""
+    expected and found, `member` the member concerned (None for the wheel as a whole), and whether it was
+    `removed` from the cache it was read from (the next run downloads it afresh; a user's file never is)."""
 
-    def __init__(self, wheel: Path | str, problem: str, detail: str, member: str | None = None):
-        self.wheel, self.problem, self.detail, self.member = str(wheel), problem, detail, member
+    def __init__(self, wheel: Path | str, problem: str, detail: str, member: str | None = None, *,
+                 removed: bool = False):
+        self.wheel, self.problem, self.detail, self.member, self.removed = str(wheel), problem, detail, member, removed
         where = f"{wheel}" + (f", member {member!r}" if member is not None else "")
-        super().__init__(f"{where}: {detail}; refused (pip would not install such a wheel)")
+        note = "; removed it from the cache, the next run downloads it again" if removed else ""
+        super().__init__(f"{where}: {detail}; refused (pip would not install such a wheel){note}")
+
+
+class RawWriter(Protocol):
+    """Where `copy` puts a member's compressed bytes (wheels.archive.ReproducibleZip); returns their sha256."""
+
+    def copy_raw(self, source: zipfile.ZipInfo, raw: Iterator[bytes], name: str | None = None) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -240,7 +246,7 @@ class VerifiedWheel:
                            "zipfile and so pip do not)", name)
         size, crc = 0, 0
         try:
-            for piece in _decompress(_tee(raw_chunks(self._fp, info), raw_digest), info.compress_type):
+            for piece in inflate(_tee(raw_chunks(self._fp, info), raw_digest), info.compress_type):
                 size += len(piece)
                 if size > info.file_size:
                     raise zipfile.BadZipFile(f"inflates past its declared {info.file_size:,} B")
@@ -284,6 +290,9 @@ class VerifiedWheel:
 
     # -- use: reads and copies, each held against the verified bytes
 
+    def close(self) -> None:
+        self._fp.close()
+
     def read(self, name: str, kind: str = "member") -> bytes:
         """A member's bytes whole (a file the planner reads, METADATA), within `kind`'s limit."""
         member = self.members.get(name)
@@ -297,7 +306,7 @@ class VerifiedWheel:
             raise BadWheel(self.path, "changed", "read back other bytes than were verified", name)
         return data
 
-    def copy(self, writer: ReproducibleZip, name: str, new_name: str) -> RecordRow:
+    def copy(self, writer: RawWriter, name: str, new_name: str) -> RecordRow:
         """Member `name` into `writer` as `new_name`, compressed bytes as they are; its RECORD row."""
         member = self.members[name]
         try:
@@ -308,64 +317,9 @@ class VerifiedWheel:
             raise BadWheel(self.path, "changed", "its compressed bytes changed since they were verified", name)
         return RecordRow(new_name, member.row.hash, member.row.size)
 
-    def source(self) -> ArchiveSource:
-        """The packages of the wheel for the planner: every file it reads is a verified member."""
-        return _Source(self)
-
 
 def _b64(digest: bytes) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
-
-
-def _decompress(chunks: Iterator[bytes], method: int) -> Iterator[bytes]:
-    """Inflated pieces of at most CHUNK bytes each, whatever the ratio (a bzip2 stream of zeros inflates
-    a million times over: unbounded `decompress` calls would hold all of it)."""
-    if method == zipfile.ZIP_STORED:
-        yield from chunks
-        return
-    if method == zipfile.ZIP_DEFLATED:
-        inflater = zlib.decompressobj(-15)
-        for chunk in chunks:
-            data = chunk
-            while data:
-                yield inflater.decompress(data, CHUNK)
-                data = inflater.unconsumed_tail
-        while not inflater.eof and (piece := inflater.decompress(b"", CHUNK)):
-            yield piece
-        if not inflater.eof:
-            raise zlib.error("the deflate stream ends early")
-        return
-    decompressor: bz2.BZ2Decompressor | lzma.LZMADecompressor
-    if method == zipfile.ZIP_BZIP2:
-        decompressor = bz2.BZ2Decompressor()
-    else:
-        chunks, decompressor = _lzma(chunks)
-    for chunk in chunks:
-        if decompressor.eof:
-            break
-        yield decompressor.decompress(chunk, CHUNK)
-        while not decompressor.eof and not decompressor.needs_input:
-            yield decompressor.decompress(b"", CHUNK)
-    if not decompressor.eof:
-        raise EOFError(f"the {METHODS[method]} stream ends early")
-
-
-def _lzma(chunks: Iterator[bytes]) -> tuple[Iterator[bytes], lzma.LZMADecompressor]:
-    """zip's LZMA: a 4-byte header (version, properties size), the LZMA1 properties, then raw LZMA1."""
-    head = b""
-    for chunk in chunks:
-        head += chunk
-        if len(head) >= 4 and len(head) >= 4 + struct.unpack("<H", head[2:4])[0]:
-            break
-    if len(head) < 4:
-        raise EOFError("no LZMA header")
-    size = struct.unpack("<H", head[2:4])[0]
-    if len(head) < 4 + size:
-        raise EOFError("a truncated LZMA header")
-    # zipfile's LZMA reader uses this private lzma call too (not in typeshed): the only decoder of the properties
-    filters = [lzma._decode_filter_properties(lzma.FILTER_LZMA1, head[4:4 + size])]  # type: ignore[attr-defined]
-    rest = head[4 + size:]
-    return _chain(rest, chunks), lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=filters)
 
 
 def _tee(chunks: Iterator[bytes], digest: hashlib._Hash | None) -> Iterator[bytes]:
@@ -375,42 +329,25 @@ def _tee(chunks: Iterator[bytes], digest: hashlib._Hash | None) -> Iterator[byte
         yield chunk
 
 
-def _chain(first: bytes, chunks: Iterator[bytes]) -> Iterator[bytes]:
-    if first:
-        yield first
-    yield from chunks
-
-
-class _Archive:
-    """What ArchiveSource reads through: the verified members, each read checked again."""
-
-    def __init__(self, wheel: VerifiedWheel):
-        self.path, self._wheel = wheel.path, wheel
-
-    def listing(self) -> dict[str, str]:
-        return dict.fromkeys(self._wheel.members, "file")
-
-    def read_many(self, members) -> dict[str, bytes]:
-        return {member: self._wheel.read(member, "member") for member in members}
-
-
-class _Source(ArchiveSource):
-    def __init__(self, wheel: VerifiedWheel):
-        super().__init__(_Archive(wheel), prefix="")
-        self._version = wheel.version
-        self.description = f"{wheel.name} {wheel.version} wheel ({wheel.path})"
-
-    def versions(self) -> dict[str, str]:
-        return dict.fromkeys(self._roots, self._version)
+def verify_wheel(path: Path) -> VerifiedWheel:
+    """`path` verified whole (see the module's docstring), its file left open for the caller to `close()`:
+    later reads are of the same file even if the name is replaced meanwhile."""
+    fp = open_regular(path, "archive")
+    try:
+        return VerifiedWheel(Path(path), fp)
+    except OSError as error:  # the disk's, not the wheel's (zip reads are caught as damage above)
+        fp.close()
+        raise UnreadableFile(str(path), error.strerror or str(error), error.errno) from None
+    except BaseException:
+        fp.close()
+        raise
 
 
 @contextlib.contextmanager
 def open_wheel(path: Path) -> Iterator[VerifiedWheel]:
-    """`path` verified whole (see the module's docstring); the file stays open, so later reads are of the
-    same file even if the name is replaced meanwhile."""
-    with open_regular(path, "archive") as fp:
-        try:
-            wheel = VerifiedWheel(Path(path), fp)
-        except OSError as error:  # the disk's, not the wheel's (zip reads are caught as damage above)
-            raise UnreadableFile(str(path), error.strerror or str(error), error.errno) from None
+    """`verify_wheel`, closed at the end of the block."""
+    wheel = verify_wheel(path)
+    try:
         yield wheel
+    finally:
+        wheel.close()

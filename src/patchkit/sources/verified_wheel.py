@@ -1,7 +1,9 @@
 """A wheel checked whole, the way pip and pypa/installer would install it, before any of its bytes is used.
 
-A release wheel is outside input: its member names become paths under site-packages, its RECORD is what
-the patched wheel's RECORD is made from, its compressed bytes are copied as they are. So every member is
+Every wheel is outside input, a person's `--source x.whl` as much as a release's (sources.wheel reads
+both through this): its member names become paths under site-packages, its files are what patches are
+planned on, its RECORD is what a patched wheel's RECORD is made from, its compressed bytes are copied as
+they are. So every member is
 inflated once here, in bounded pieces, and held against its RECORD row (hash and size), its CRC and its
 declared size; the sha256 of its compressed bytes is kept, and a copy or a read later must give the same
 bytes again (the file could change under us). Refused (`BadWheel`, exit 2; `problem` says which):

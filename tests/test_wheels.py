@@ -126,8 +126,9 @@ def test_the_changes_are_exactly_the_planners_plan(release, series, built):
     record = json.loads(after[new_info + "patchkit.json"])
     carried = [(r.patch.id, r.patch.digest) for r in plan.results if r.state in ("not-applied", "applied")]
     assert [(p["id"], p["digest"]) for p in record["patches"]] == carried
+    # every patch it does not carry is skipped with its state (0.34.0: nope-mla-pad out of range)
     assert {p["id"]: p["state"] for p in record["skipped"]} == {
-        r.patch.id: r.state for r in plan.results if r.state in ("upstreamed", "not-applicable")}
+        r.patch.id: r.state for r in plan.results if r.state not in ("not-applied", "applied")}
 
 
 def test_compiled_extensions_are_copied_byte_for_byte(release, built):

@@ -76,6 +76,10 @@ RESULTS = CACHE / "results"  # one record per release run (tests/release_record.
 # 2.14.0 + 0.29.0 vLLM 0.33.0 declares (a patch release of the same API; the release-<v> sessions take exactly
 # what their release declares).
 TESTS_TORCH = ("torch==2.14.1", "torchvision==0.29.1")
+# pip in every vLLM test environment, pinned (uv makes them without one): the suite's reference installer
+# (tests/test_extras.py compares an image's layer with `pip install --target`; test_wheels and test_kernels
+# run it) in whichever environment runs the suite: `tests`, or a release-<v> tried as the next pin.
+TEST_PIP = "pip==26.3"
 VERSION = r"\d+(?:\.\d+)+(?:(?:rc|\.post)\d+)?"  # a vLLM release number as the index spells it, nothing else
 
 TEST_PYTHON = "3.11"  # the test environments': the torch 2.14.1 wheels on this machine's disk are cp311
@@ -117,11 +121,11 @@ def run_patchkit(session: nox.Session, *args: str) -> None:
 
 
 def install_vllm_env(session: nox.Session, release: str, *, replace: tuple[str, ...] = ()) -> None:
-    """patchkit with its test extras first, then the release's own requirements less its CUDA-only kernel
+    """patchkit with its test extras and pip (TEST_PIP) first, then the release's own requirements less its CUDA-only kernel
     packages (derived from its sdist on every build by that patchkit, in this environment: nox's own
     interpreter need not have patchkit's dependencies; `replace`: exact pins installed instead of the
     declared ones), then vLLM itself with --no-deps, then the rest of patchkit's test requirements."""
-    session.install("-e", f"{ROOT}[test]")
+    session.install("-e", f"{ROOT}[test]", TEST_PIP)
     derived = Path(session.virtualenv.location) / "patchkit-vllm-requirements.txt"
     session.run_install("python", "-m", "patchkit.sources.release_requirements", release, "--output", str(derived),
                         *(f"--replace={pin}" for pin in replace), env={"PYTHONPATH": str(ROOT / "src")})
@@ -261,7 +265,7 @@ def _vllm_tests_session(release: str) -> None:
         if not python.exists():
             first = "tests" if release == PINNED else f"release-{release}"
             session.error(f"{python} missing: run `nox -s {first}` first (the gate runs in that environment)")
-        # vLLM's own test plugins beside the release's environment (uv: the older ones are uv's, no pip)
+        # vLLM's own test plugins beside the release's environment (uv pip: the release-<v> ones are uv's)
         session.run("uv", "pip", "install", "-q", "--python", str(python), "-r",
                     str(ROOT / "requirements" / "vllm-tests.txt"), external=True)
         record = RESULTS / "vllm-tests" / f"vllm-{release}{'-subset' if '--subset' in session.posargs else ''}.json"

@@ -7,7 +7,9 @@ expressions substituted), in a fresh copy of this checkout; each step must end w
 workflow accepts (0: no step of the job continues on error). What the replay substitutes, and how:
 
 - `actions/checkout`: the checkout's files (tracked and untracked, not ignored), copied and committed
-  into a fresh git repository, as a checkout of that commit would hold them;
+  into a fresh git repository, as a checkout of that commit would hold them, with the patch set and the
+  pin (RELEASE_DAY_PIN) the job met on 0.34.0's release day: it bumps from the pinned release, and once
+  the pin is 0.34.0 there is nothing newer to bump to;
 - `actions/setup-python` and the install step (`pip install nox uv --editable .`): not run; `python` and
   `patchkit` on PATH are this interpreter with the copy's `src` first on its path (what an editable
   install gives), `nox` the one these tests run beside;
@@ -59,6 +61,7 @@ RECORDS = DATA / "bump" / "run-0.34.0"
 GOLDEN_TESTED = DATA / "bump" / "vllm-0.34.0-tested.md"
 RECORDS_TESTED = DATA / "bump" / "run-0.34.0-tested"
 RELEASE = "0.34.0"
+RELEASE_DAY_PIN = "0.33.0"  # the pinned release when 0.34.0 came out: what the job bumped from
 # hand-written stand-ins for what only GitHub gives a workflow run
 GITHUB_REPOSITORY = "patchkit-replay/patchkit"
 GITHUB_TOKEN = "hand-written-token"
@@ -131,7 +134,7 @@ def real_archives() -> dict[str, list[Path]]:
     try:
         user = ArchiveCache()
         found: dict[str, list[Path]] = {"downloads": []}
-        for dist, version in (("vllm", "0.33.0"), ("vllm", RELEASE), ("flashinfer-python", "0.7.2.post1")):
+        for dist, version in (("vllm", RELEASE_DAY_PIN), ("vllm", RELEASE), ("flashinfer-python", "0.7.2.post1")):
             open_source(f"{dist}=={version}", cache=user, progress=False)
             cached = user.lookup(dist, version)
             assert cached is not None, (dist, version)
@@ -168,6 +171,7 @@ def _copy_checkout(into: Path) -> None:
             shutil.copy2(source, into / name)
     shutil.rmtree(into / "patches")
     shutil.copytree(SERIES, into / "patches")
+    _pin_as_on_release_day(into)
     subprocess.run([sys.executable, "-m", "patchkit", "upstream", "--write", "--patches", "patches"], cwd=into,
                    check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(into / "src")})
     git = {"GIT_AUTHOR_NAME": "replay", "GIT_AUTHOR_EMAIL": "replay@invalid", "GIT_COMMITTER_NAME": "replay",
@@ -175,6 +179,19 @@ def _copy_checkout(into: Path) -> None:
            "GIT_COMMITTER_DATE": "2026-12-03T00:00:00Z", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "the checkout"]):
         subprocess.run(["git", *args], cwd=into, check=True, env={**os.environ, **git}, capture_output=True)
+
+
+def _pin_as_on_release_day(into: Path) -> None:
+    """The copy's patchkit pinned to RELEASE_DAY_PIN, whatever this checkout pins: set after the package's own
+    constants (its supported releases, which hold both), so every module reading the pin reads that one."""
+    init = into / "src" / "patchkit" / "__init__.py"
+    init.write_text(init.read_text() + f"\n# the bump replay: pinned as on vLLM {RELEASE}'s release day\n"
+                    f'PINNED_VLLM = "{RELEASE_DAY_PIN}"\n'
+                    'PINNED_SOURCES = (f"vllm=={PINNED_VLLM}", *PINNED_SOURCES[1:])\n')
+    said = subprocess.run([sys.executable, "-c", "import patchkit as p; print(p.PINNED_VLLM, *p.SUPPORTED_VLLM)"],
+                          capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(into / "src")})
+    pinned, *supported = said.stdout.split()
+    assert pinned == RELEASE_DAY_PIN and {RELEASE_DAY_PIN, RELEASE} <= set(supported), said.stdout
 
 
 GH = r'''#!{python}

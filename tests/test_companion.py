@@ -5,7 +5,9 @@ The policy is tested on packaging versions and on the index's real flashinfer-py
 tests/data/index/, served by a real HTTP index on 127.0.0.1); verify and check run over the real 0.34.0
 and 0.33.0 sdists and FlashInfer 0.7.2.post1's (the user cache: downloaded once, hence `network`), the
 FlashInfer the policy picks read for real. A release pinning what no policy can substitute is built here
-(no published release does).
+(no published release does). 0.33.0 is the release whose pin is published, named as such, not as the
+pinned release: verify adds the pinned one to every matrix, and these columns are the same while it is
+either of the two.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ PAGE = "/simple/flashinfer-python/"
 ENVS_ANCHOR = '    "VLLM_HOST_IP": lambda: os.getenv("VLLM_HOST_IP", ""),\n'  # in 0.33.0 and 0.34.0
 SPARSE_MLA = "    rope_v32 = kv_lora_rank == 512 and qk_rope_head_dim == 64 and query.size(-1) == 576\n"  # 0.7.2.post1
 SUBSTITUTED = "flashinfer-python 0.7.3 unpublished (index has 0.7.2.post1, 0.7.4): checked 0.7.2.post1 instead"
+PUBLISHED = "0.33.0"  # the release before 0.34.0: its flashinfer-python pin, 0.7.2.post1, is published
+BOTH = f"{PUBLISHED},0.34.0"  # --versions: both columns whichever of the two is pinned
 
 
 def versions(*texts: str) -> list[Version]:
@@ -214,7 +218,7 @@ def real_archives() -> dict[tuple[str, str], Path]:
     with pytest.MonkeyPatch.context() as env:
         env.delenv("PATCHKIT_INDEX_URL", raising=False)
         user = ArchiveCache()
-        wanted = [("vllm", PINNED_VLLM), ("vllm", "0.34.0"), ("flashinfer-python", "0.7.2.post1")]
+        wanted = [("vllm", PUBLISHED), ("vllm", "0.34.0"), ("flashinfer-python", "0.7.2.post1")]
         for dist, version in wanted:
             open_source(f"{dist}=={version}", cache=user, progress=False)
         return {(d, v): user.lookup(d, v).path for d, v in wanted}
@@ -251,17 +255,18 @@ def sparse_mla_patches(folder: Path) -> Path:
 @pytest.mark.network
 def test_verify_checks_0340_with_the_substitute_and_names_it_in_the_column_and_the_cell(real_cache, tmp_path,
                                                                                           no_images):
-    args = ("--patches", str(sparse_mla_patches(tmp_path / "p")), "--images", str(no_images), "--versions", "0.34.0")
+    args = ("--patches", str(sparse_mla_patches(tmp_path / "p")), "--images", str(no_images), "--versions", BOTH)
     code, doc = verify_json(*args)
-    assert code == 0 and [c["label"] for c in doc["columns"]] == [PINNED_VLLM, "0.34.0"]
-    pinned, new = doc["columns"]
-    assert pinned["companion"]["how"] == "pinned" and pinned["companion"]["finding"] is None
+    assert code == 0 and [c["label"] for c in doc["columns"]] == [PUBLISHED, "0.34.0"]
+    assert [c["pinned"] for c in doc["columns"]] == [c["label"] == PINNED_VLLM for c in doc["columns"]]
+    published, new = doc["columns"]
+    assert published["companion"]["how"] == "pinned" and published["companion"]["finding"] is None
     assert new["companion"] == choose("0.7.3", recorded_versions()).to_dict()
     assert "flashinfer 0.7.2.post1 sdist (index, sha256 af60319898dc)" in new["source"]
     cells = doc["patches"][0]["cells"]
     assert cells["0.34.0"]["state"] == "applies" and cells["0.34.0"]["detail"] == ""  # FlashInfer's edit checked
     assert [e["state"] for e in cells["0.34.0"]["edits"]] == ["pending", "holds"]
-    assert (cells["0.34.0"]["companion"], cells[PINNED_VLLM]["companion"]) == (SUBSTITUTED, None)
+    assert (cells["0.34.0"]["companion"], cells[PUBLISHED]["companion"]) == (SUBSTITUTED, None)
     assert real_cache.requests == [PAGE]  # nothing downloaded: the substitute was in the cache
 
     text = run(verify_command, "verify", *args)
@@ -318,27 +323,27 @@ def vllm_release(version: str, cuda_txt: bytes | None) -> bytes:
 ])
 def test_a_release_whose_pin_nothing_stands_in_for_is_a_finding_and_the_other_columns_stay(
         recorded_index, tmp_path, no_images, pin, finding):
-    recorded_index.add("vllm", f"vllm-{PINNED_VLLM}.tar.gz", vllm_release(PINNED_VLLM, None))
+    recorded_index.add("vllm", f"vllm-{PUBLISHED}.tar.gz", vllm_release(PUBLISHED, None))
     recorded_index.add("vllm", "vllm-0.34.0.tar.gz", vllm_release("0.34.0", b"torch==2.14.0\n" + pin))
     code, doc = verify_json("--patches", str(sparse_mla_patches(tmp_path / "p")), "--images", str(no_images),
-                            "--versions", "0.34.0")
-    assert code == 0 and [c["label"] for c in doc["columns"]] == [PINNED_VLLM, "0.34.0"]
+                            "--versions", BOTH)
+    assert code == 0 and [c["label"] for c in doc["columns"]] == [PUBLISHED, "0.34.0"]
     assert doc["columns"][0]["companion"] is None  # pins none
     assert doc["columns"][1]["companion"]["checked"] is None and doc["columns"][1]["companion"]["finding"] == finding
     cell = doc["patches"][0]["cells"]["0.34.0"]
     assert (cell["state"], cell["detail"], cell["companion"]) == (
         "applies", "flashinfer not in the source: its edits unchecked", finding)
-    assert doc["patches"][0]["cells"][PINNED_VLLM]["state"] == "applies"
+    assert doc["patches"][0]["cells"][PUBLISHED]["state"] == "applies"
 
 
 def test_with_overrides_the_policy_for_every_release(recorded_index, tmp_path, no_images):
-    recorded_index.add("vllm", f"vllm-{PINNED_VLLM}.tar.gz", vllm_release(PINNED_VLLM, None))
+    recorded_index.add("vllm", f"vllm-{PUBLISHED}.tar.gz", vllm_release(PUBLISHED, None))
     recorded_index.add("vllm", "vllm-0.34.0.tar.gz", vllm_release("0.34.0", b"flashinfer-python==0.9.1\n"))
     flashinfer = tmp_path / "flashinfer_python-0.7.2.tar.gz"
     flashinfer.write_bytes(sdist_bytes("flashinfer-python", "0.7.2", {"__init__.py": b"", "mla/_core.py": SPARSE_MLA.encode()},
                                        package="flashinfer"))
     code, doc = verify_json("--patches", str(sparse_mla_patches(tmp_path / "p")), "--images", str(no_images),
-                            "--versions", "0.34.0", "--with", str(flashinfer))
+                            "--versions", BOTH, "--with", str(flashinfer))
     assert code == 0
     assert [c["companion"]["how"] for c in doc["columns"]] == ["explicit", "explicit"]
     assert doc["columns"][1]["companion"]["finding"] == ("flashinfer-python 0.7.2 checked as given, not the 0.9.1 "

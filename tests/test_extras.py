@@ -309,7 +309,7 @@ def test_the_engine_routes_carry_the_same_files(lab, base, registry_server, clie
 @pytest.mark.network
 def test_the_wheel_path_names_the_images_extra_wheels_for_pip(wheels, tmp_path):
     """The patched vLLM wheel is vLLM alone: `patchkit wheel build` of an image's series says which pinned
-    wheels its image carries beside it, and how pip installs them (vLLM 0.33.0's x86_64 wheel, cached)."""
+    wheels its image carries beside it, and how pip installs them (the pinned release's x86_64 wheel, cached)."""
     proc = subprocess.run([sys.executable, "-m", "patchkit", "wheel", "build", "--series", LAB, "--platform", "x86_64",
                            "--output", str(tmp_path / "out"), "--json"], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hostile import assert_refused, run_patchkit
+from patchkit import PINNED_VLLM
 from patchkit.census import jit_census, ptxas
 from patchkit.census.jit_units import GB10_SMEM_OPTIN, Kernel, Unit
 
@@ -164,11 +165,15 @@ def test_flashinfer_sparse_mla_at_nope_mla_pads_shapes_fits_gb10(version, topk):
 
 @pytest.mark.network
 def test_cli_table_and_json_of_the_pinned_release():
-    """From the cache the tests above filled: exit 0, every kernel of both releases judged."""
+    """From the cache the tests above filled: exit 0, every kernel of both releases judged: the pinned vLLM's
+    and the FlashInfer its companion policy names (its pin, or the published release checked in its place)."""
     out = run_patchkit("verify", "--kernels", "--compile", "--json", timeout=3600, address_space=False)
     assert out.code == 0, out.output[-3000:]
     result = json.loads(out.stdout)
-    assert result["ok"] and result["releases"] == {"vllm": "0.33.0", "flashinfer-python": "0.7.2.post1"}
+    companion = result["companion"]
+    assert companion["how"] in ("pinned", "substitute") and companion["checked"], companion
+    assert result["ok"] and result["releases"] == {"vllm": PINNED_VLLM, "flashinfer-python": companion["checked"]}
+    assert {k["version"] for k in result["kernels"] if k["unit"] == "flashinfer-sparse-mla"} == {companion["checked"]}
     assert result["limits"]["smem_per_block"] == GB10_SMEM_OPTIN
     assert {k["unit"] for k in result["kernels"]} == {"vllm-persistent-topk", "flashinfer-sparse-mla"}
     table = run_patchkit("verify", "--kernels", "--compile", timeout=3600, address_space=False)

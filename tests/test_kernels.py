@@ -1,7 +1,7 @@
 """The kernel census (src/patchkit/census/kernels.py) read against what the real tools write: fat binaries
 nvcc 13.0 compiles here for every SM variant (the flag bits and the loading rule, checked per variant),
-and vLLM 0.33.0's real x86_64 wheel (the one tests/test_wheels.py downloads; its sm_12x set is the
-aarch64 wheel's). A wheel that lost its sm_12x code fails the census; a malformed extension is exit 2.
+and vLLM 0.33.0's real x86_64 wheel (the user cache's, downloaded once; its sm_12x set is the aarch64
+wheel's). A wheel that lost its sm_12x code fails the census; a malformed extension is exit 2.
 """
 
 from __future__ import annotations

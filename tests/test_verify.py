@@ -1,7 +1,9 @@
-"""`patchkit verify` against real vLLM releases: the index's sdists 0.29.0-0.33.0 (marked `network`; read
-through the user cache, so each is downloaded once), a git repository built here from those real files
-(one commit and tag per release, the nvidia/ -> common/ move included), edited copies of it for drift
-and upstreamed fixes, and a real HTTP index on 127.0.0.1 for network failures and corrupt downloads.
+"""`patchkit verify` against real vLLM releases: the index's sdists from 0.29.0 up to the pinned release
+(marked `network`; read through the user cache, so each is downloaded once), a git repository built here
+from those real files (one commit and tag per release, the nvidia/ -> common/ move included), edited copies
+of it for drift and upstreamed fixes (tagged as the releases after the pinned one), and a real HTTP index on
+127.0.0.1 for network failures and corrupt downloads. Nothing here names the pinned release: it is read
+from patchkit, so the tests hold as they are when the pin moves.
 
 The patch set is small and written here, against real lines of the real releases; one test runs the
 real patches/ and images/.
@@ -21,7 +23,7 @@ from click.testing import CliRunner
 from packaging.version import Version
 
 from builders import ARCH_ENV_ONLY, image_toml, write_patchset
-from patchkit import PINNED_VLLM
+from patchkit import PINNED_VLLM, SUPPORTED_VLLM
 from patchkit.cli.main import PatchkitGroup
 from patchkit.cli.verify import verify_command
 from patchkit.sources import open_source
@@ -31,7 +33,18 @@ from patchkit.verify.targets import InvalidVersions, parse_versions
 from test_sources import FakeIndex, free_port, sdist_bytes
 
 REPO = Path(__file__).resolve().parents[1]
-RELEASES = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
+# The real releases the fixtures read: every supported one up to the pinned one, the baseline verify adds.
+RELEASES = tuple(r for r in SUPPORTED_VLLM if Version(r) <= Version(PINNED_VLLM))
+
+
+def after_the_pin(minors: int) -> str:
+    """The release `minors` minor versions after the pinned one: a newer release the tests make up."""
+    major, minor = Version(PINNED_VLLM).release[:2]
+    return f"{major}.{minor + minors}.0"
+
+
+NEWER, NEWEST = after_the_pin(1), after_the_pin(2)  # 0.34.0 and 0.35.0 while 0.33.0 is pinned
+NEWER_CAP = NEWER.rsplit(".", 1)[0]  # a range that ends before NEWER: "<0.34"
 
 GLM_FILES = ["models/glm5next/nvidia/model.py", "models/glm5next/common/model.py"]  # moved in 0.31.0
 GLM_ANCHOR = (
@@ -155,8 +168,9 @@ def test_a_missing_git_repository_exits_2(patches, no_images, tmp_path):
 
 
 @pytest.mark.network
-def test_releases_030_to_033_from_the_index(index_env, patches, no_images):
-    code, doc = verify_json("--patches", str(patches), "--images", str(no_images), "--versions", ">=0.30,<0.34")
+def test_the_releases_up_to_the_pinned_one_from_the_index(index_env, patches, no_images):
+    code, doc = verify_json("--patches", str(patches), "--images", str(no_images), "--versions",
+                            f">={RELEASES[0]},<{NEWER_CAP}")
     assert code == 0
     assert [c["label"] for c in doc["columns"]] == list(RELEASES)
     assert [c["label"] for c in doc["columns"] if c["pinned"]] == [PINNED_VLLM]
@@ -294,7 +308,7 @@ def release_repo(real_files, tmp_path_factory) -> Path:
     for version in RELEASES:
         commit_tree(repo, real_files[version], f"vLLM {version}")
         repo.create_tag(f"v{version}")
-    commit_tree(repo, real_files["0.33.0"] | {"README.md": b"after the release\n"}, "main moves on")
+    commit_tree(repo, real_files[PINNED_VLLM] | {"README.md": b"after the release\n"}, "main moves on")
     return path
 
 
@@ -318,13 +332,13 @@ def test_a_git_repository_of_the_real_releases_matches_the_index(release_repo, p
     assert code == 0
     labels = [f"v{v}" for v in RELEASES] + ["main"]
     assert [c["label"] for c in doc["columns"]] == labels
-    assert [c["version"] for c in doc["columns"]] == [*RELEASES, f"0.33.0+1.g{head[:7]}"]
-    assert [c["pinned"] for c in doc["columns"]] == [False, False, False, True, False]
+    assert [c["version"] for c in doc["columns"]] == [*RELEASES, f"{PINNED_VLLM}+1.g{head[:7]}"]
+    assert [c["pinned"] for c in doc["columns"]] == [v == PINNED_VLLM for v in RELEASES] + [False]
     assert doc["columns"][-1]["newer"] is True
-    assert doc["columns"][-1]["source"].startswith(f"vllm 0.33.0+1.g{head[:7]} git {release_repo}@main")
+    assert doc["columns"][-1]["source"].startswith(f"vllm {PINNED_VLLM}+1.g{head[:7]} git {release_repo}@main")
     assert states(doc) == {p: dict.fromkeys(labels, "applies") for p in SMALL_SET}
     glm = next(p for p in doc["patches"] if p["id"] == "glm-mlp-marker")["cells"]
-    assert [glm[label]["edits"][0]["path"] for label in labels] == [GLM_FILES[0]] + [GLM_FILES[1]] * 4
+    assert [glm[label]["edits"][0]["path"] for label in labels] == [GLM_FILES[0]] + [GLM_FILES[1]] * len(RELEASES)
     assert doc["newest_all_images_build"] == "main"
 
 
@@ -332,72 +346,74 @@ def test_a_git_repository_of_the_real_releases_matches_the_index(release_repo, p
 def test_drifted_anchor_is_broken_with_the_nearest_match_and_a_fix_upstream_is_upstreamed(
     repo_copy, real_files, patches, no_images
 ):
-    files = edited(real_files["0.33.0"], GLM_FILES[1], GLM_ANCHOR, GLM_DRIFTED)
+    files = edited(real_files[PINNED_VLLM], GLM_FILES[1], GLM_ANCHOR, GLM_DRIFTED)
     files = edited(files, "envs.py", ENVS_ANCHOR, ENVS_ANCHOR + ENVS_FIX)  # upstream took the fix
-    commit_tree(repo_copy, files, "0.34.0")
-    repo_copy.create_tag("v0.34.0")
+    commit_tree(repo_copy, files, NEWER)
+    repo_copy.create_tag(f"v{NEWER}")
+    pinned, newer = f"v{PINNED_VLLM}", f"v{NEWER}"
     text = files[GLM_FILES[1]].decode()
     drift_line = text[: text.index("class Glm5NextMLP(")].count("\n") + 1  # where the drifted anchor starts
 
     args = ("--patches", str(patches), "--images", str(no_images), "--git", repo_copy.working_tree_dir)
     code, doc = verify_json(*args)  # default: the pinned release and newer tags
     assert code == 1
-    assert [c["label"] for c in doc["columns"]] == ["v0.33.0", "v0.34.0"]
+    assert [c["label"] for c in doc["columns"]] == [pinned, newer]
     assert states(doc) == {
-        "glm-mlp-marker": {"v0.33.0": "applies", "v0.34.0": "broken"},
-        "modelopt-candidates": {"v0.33.0": "applies", "v0.34.0": "applies"},
-        "envs-flag": {"v0.33.0": "applies", "v0.34.0": "upstreamed"},
+        "glm-mlp-marker": {pinned: "applies", newer: "broken"},
+        "modelopt-candidates": {pinned: "applies", newer: "applies"},
+        "envs-flag": {pinned: "applies", newer: "upstreamed"},
     }
-    edit = next(p for p in doc["patches"] if p["id"] == "glm-mlp-marker")["cells"]["v0.34.0"]["edits"][0]
+    edit = next(p for p in doc["patches"] if p["id"] == "glm-mlp-marker")["cells"][newer]["edits"][0]
     assert edit["state"] == "broken" and edit["path"] == GLM_FILES[1] and edit["found"] == 0
     assert edit["nearest"]["line"] == drift_line
     assert "+        intermediate_size: int | None," in edit["nearest"]["diff"]
     assert doc["findings"] == [
-        {"patch": "glm-mlp-marker", "column": "v0.34.0", "reason": "applies on the pinned release, broken on v0.34.0"}
+        {"patch": "glm-mlp-marker", "column": newer, "reason": f"applies on the pinned release, broken on {newer}"}
     ]
-    assert doc["images"][0]["builds"]["v0.34.0"] == {"builds": False, "blockers": ["glm-mlp-marker broken"]}
-    assert doc["newest_all_images_build"] == "v0.33.0"
+    assert doc["images"][0]["builds"][newer] == {"builds": False, "blockers": ["glm-mlp-marker broken"]}
+    assert doc["newest_all_images_build"] == pinned
 
     table = verify(*args, env={"COLUMNS": "250"})
     assert table.exit_code == 1
     assert f"nearest match at line {drift_line}" in table.stdout
     assert "upstream carries the fix: drop this patch" in table.stdout
-    assert "glm-mlp-marker @ v0.34.0: applies on the pinned release, broken on v0.34.0" in table.stdout
+    assert f"glm-mlp-marker @ {newer}: applies on the pinned release, broken on {newer}" in table.stdout
     markdown = verify(*args, "--markdown")
     assert markdown.exit_code == 1
     assert "| `glm-mlp-marker` | ✅ applies | ❌ BROKEN |" in markdown.stdout
     assert "| `envs-flag` | ✅ applies | 🔵 upstreamed |" in markdown.stdout
     assert f"nearest match at line {drift_line}" in markdown.stdout
-    assert "**newest version the full series builds on: v0.33.0 (pinned)**" in markdown.stdout
+    assert f"**newest version the full series builds on: {pinned} (pinned)**" in markdown.stdout
 
 
 @pytest.mark.network
 def test_a_newer_release_out_of_range_is_a_regression_only_if_its_edits_no_longer_match(
     repo_copy, real_files, tmp_path, no_images
 ):
-    patches = small_patchset(tmp_path / "capped", modelopt_range=">=0.30.0,<0.34")
-    commit_tree(repo_copy, real_files["0.33.0"] | {"NEWS": b"0.34\n"}, "0.34.0")
-    repo_copy.create_tag("v0.34.0")
-    drifted = edited(real_files["0.33.0"], MODELOPT, MODELOPT_ANCHOR, "        return tuple(candidates)\n")
-    commit_tree(repo_copy, drifted, "0.35.0")
-    repo_copy.create_tag("v0.35.0")
+    patches = small_patchset(tmp_path / "capped", modelopt_range=f">=0.30.0,<{NEWER_CAP}")
+    commit_tree(repo_copy, real_files[PINNED_VLLM] | {"NEWS": f"{NEWER}\n".encode()}, NEWER)
+    repo_copy.create_tag(f"v{NEWER}")
+    drifted = edited(real_files[PINNED_VLLM], MODELOPT, MODELOPT_ANCHOR, "        return tuple(candidates)\n")
+    commit_tree(repo_copy, drifted, NEWEST)
+    repo_copy.create_tag(f"v{NEWEST}")
+    pinned, newer, newest = f"v{PINNED_VLLM}", f"v{NEWER}", f"v{NEWEST}"
 
     code, doc = verify_json("--patches", str(patches), "--images", str(no_images), "--git", repo_copy.working_tree_dir)
     cells = next(p for p in doc["patches"] if p["id"] == "modelopt-candidates")["cells"]
-    assert [cells[t]["state"] for t in ("v0.33.0", "v0.34.0", "v0.35.0")] == ["applies", "out-of-range", "out-of-range"]
-    assert cells["v0.34.0"]["detail"] == "vllm 0.34.0 not in <0.34,>=0.30.0"
-    assert cells["v0.34.0"]["would"]["state"] == "applies"
-    assert cells["v0.35.0"]["would"]["state"] == "broken"
-    assert cells["v0.35.0"]["would"]["edits"][0]["nearest"]["diff"]
+    assert [cells[t]["state"] for t in (pinned, newer, newest)] == ["applies", "out-of-range", "out-of-range"]
+    assert cells[newer]["detail"] == f"vllm {NEWER} not in <{NEWER_CAP},>=0.30.0"
+    assert cells[newer]["would"]["state"] == "applies"
+    assert cells[newest]["would"]["state"] == "broken"
+    assert cells[newest]["would"]["edits"][0]["nearest"]["diff"]
     assert code == 1
     assert doc["findings"] == [
         {
             "patch": "modelopt-candidates",
-            "column": "v0.35.0",
-            "reason": "applies on the pinned release; out of range on v0.35.0 and its edits no longer match there",
+            "column": newest,
+            "reason": f"applies on the pinned release; out of range on {newest} and its edits no longer match there",
         }
     ]
-    assert doc["images"][0]["builds"]["v0.34.0"]["blockers"] == ["modelopt-candidates out of range, would apply"]
+    assert doc["images"][0]["builds"][newer]["blockers"] == ["modelopt-candidates out of range, would apply"]
 
 
 @pytest.mark.network
@@ -406,17 +422,18 @@ def test_each_image_series_is_verified_on_its_own(repo_copy, real_files, patches
     for name, series in {"with-glm": '["glm-mlp-marker", "envs-flag"]', "no-glm": '["modelopt-candidates"]'}.items():
         (images / name).mkdir(parents=True)
         (images / name / "image.toml").write_text(image_toml(name, series, env=ARCH_ENV_ONLY))
-    files = edited(real_files["0.33.0"], GLM_FILES[1], GLM_ANCHOR, GLM_DRIFTED)
-    commit_tree(repo_copy, files, "0.34.0")
-    repo_copy.create_tag("v0.34.0")
+    files = edited(real_files[PINNED_VLLM], GLM_FILES[1], GLM_ANCHOR, GLM_DRIFTED)
+    commit_tree(repo_copy, files, NEWER)
+    repo_copy.create_tag(f"v{NEWER}")
+    pinned, newer = f"v{PINNED_VLLM}", f"v{NEWER}"
 
     code, doc = verify_json("--patches", str(patches), "--images", str(images), "--git", repo_copy.working_tree_dir)
     assert code == 1
     builds = {i["name"]: i["builds"] for i in doc["images"]}
-    assert builds["no-glm"]["v0.34.0"] == {"builds": True, "blockers": []}
-    assert builds["with-glm"]["v0.34.0"] == {"builds": False, "blockers": ["glm-mlp-marker broken"]}
-    assert builds["with-glm"]["v0.33.0"]["builds"] and doc["newest_all_images_build"] == "v0.33.0"
-    assert "newest version every image builds on: v0.33.0 (pinned)" in verify(
+    assert builds["no-glm"][newer] == {"builds": True, "blockers": []}
+    assert builds["with-glm"][newer] == {"builds": False, "blockers": ["glm-mlp-marker broken"]}
+    assert builds["with-glm"][pinned]["builds"] and doc["newest_all_images_build"] == pinned
+    assert f"newest version every image builds on: {pinned} (pinned)" in verify(
         "--patches", str(patches), "--images", str(images), "--git", repo_copy.working_tree_dir
     ).stdout
 
@@ -452,10 +469,10 @@ def cache_files(tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize(
     "fault, message",
     [
-        ("truncate", r"0.34.0: download of http://127.0.0.1:\d+/files/vllm-0.34.0.tar.gz failed after \d+ bytes"),
-        ("http500", r"0.34.0: download of .*vllm-0.34.0.tar.gz failed after 0 bytes: 500 Server Error"),
-        ("wrong-sha256", r"0.34.0: download of .*vllm-0.34.0.tar.gz does not match the index: sha256 expected"),
-        ("corrupt", r"0.34.0: archive .*vllm-0.34.0.tar.gz is corrupt or truncated .*removed it from the cache"),
+        ("truncate", rf"{NEWER}: download of http://127.0.0.1:\d+/files/vllm-{NEWER}.tar.gz failed after \d+ bytes"),
+        ("http500", rf"{NEWER}: download of .*vllm-{NEWER}.tar.gz failed after 0 bytes: 500 Server Error"),
+        ("wrong-sha256", rf"{NEWER}: download of .*vllm-{NEWER}.tar.gz does not match the index: sha256 expected"),
+        ("corrupt", rf"{NEWER}: archive .*vllm-{NEWER}.tar.gz is corrupt or truncated .*removed it from the cache"),
     ],
 )
 def test_a_failed_or_corrupt_download_is_a_clear_error_and_leaves_no_partial_entry(
@@ -463,25 +480,25 @@ def test_a_failed_or_corrupt_download_is_a_clear_error_and_leaves_no_partial_ent
 ):
     good = sdist_bytes("vllm", PINNED_VLLM, SMALL)
     local_index.add("vllm", f"vllm-{PINNED_VLLM}.tar.gz", good)
-    bad = sdist_bytes("vllm", "0.34.0", SMALL)
+    bad = sdist_bytes("vllm", NEWER, SMALL)
     if fault == "corrupt":
         bad = bad[: len(bad) // 2]  # what the index lists, hash and all: a broken upload
-    local_index.add("vllm", "vllm-0.34.0.tar.gz", bad, listed_sha256="0" * 64 if fault == "wrong-sha256" else None)
+    local_index.add("vllm", f"vllm-{NEWER}.tar.gz", bad, listed_sha256="0" * 64 if fault == "wrong-sha256" else None)
     if fault in ("truncate", "http500"):
-        local_index.faults["vllm-0.34.0.tar.gz"] = fault
+        local_index.faults[f"vllm-{NEWER}.tar.gz"] = fault
 
     result = verify("--patches", str(envs_only(tmp_path)), "--images", str(no_images))  # default: pinned and newer
     assert result.exit_code == 2
     assert re.search(message, result.stderr), result.stderr
     left = cache_files(tmp_path)
-    assert not [f for f in left if "0.34.0" in f or f.endswith(".part")], left
+    assert not [f for f in left if NEWER in f or f.endswith(".part")], left
     assert f"downloads/vllm-{PINNED_VLLM}.tar.gz" in left  # the release that worked stays cached, whole
 
     local_index.faults.clear()
-    local_index.projects["vllm"] = [e for e in local_index.projects["vllm"] if "0.34.0" not in e["filename"]]
-    local_index.add("vllm", "vllm-0.34.0.tar.gz", sdist_bytes("vllm", "0.34.0", SMALL))
+    local_index.projects["vllm"] = [e for e in local_index.projects["vllm"] if NEWER not in e["filename"]]
+    local_index.add("vllm", f"vllm-{NEWER}.tar.gz", sdist_bytes("vllm", NEWER, SMALL))
     code, doc = verify_json("--patches", str(envs_only(tmp_path)), "--images", str(no_images))
-    assert code == 0 and states(doc) == {"envs-flag": {PINNED_VLLM: "applies", "0.34.0": "applies"}}
+    assert code == 0 and states(doc) == {"envs-flag": {PINNED_VLLM: "applies", NEWER: "applies"}}
 
 
 def test_an_unreachable_index_is_a_clear_error(monkeypatch, tmp_path, no_images):

@@ -1,4 +1,6 @@
-"""Patched wheels from vLLM 0.33.0's real x86_64 wheel (the package index's file, cached after one download).
+"""Patched wheels from the pinned vLLM's real x86_64 wheel (the package index's file, cached after one download),
+built as `patchkit wheel build` builds them: the release's FlashInfer pin kept where it is published, the
+companion policy's substitute required in its place where it is not (0.34.0's 0.7.3).
 
 Everything the wheel claims is checked from outside the writer: the RECORD by hashing each member read
 with zipfile, the contents against the planner's own plan on the release wheel, the bytes of two builds,
@@ -24,7 +26,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from patchkit import __version__
+from patchkit import PINNED_VLLM, __version__
 from patchkit.cli.main import main
 from patchkit.cli.wheel import wheel_group
 from patchkit.patching import planner
@@ -32,17 +34,19 @@ from patchkit.patching.carry import ChangesNothing
 from patchkit.patching.patchset import load_patchset
 from patchkit.patching.planner import Mode, PlanFailed, State
 from patchkit.patching.series import series_hash
+from patchkit.sources.companion import How, resolve_pin
 from patchkit.sources.verified_wheel import open_wheel
 from patchkit.sources.wheel import WheelSource
 from patchkit.wheels.build import build_wheel
 from patchkit.wheels.index import write_index
-from patchkit.wheels.release import release_wheel
+from patchkit.wheels.release import pinned_companion, release_wheel
+from patchkit.wheels.requires import Substitution, substitution_for
 from wheel_files import assert_record_matches, members
 
 pytestmark = [pytest.mark.network, pytest.mark.vllm]
 
 REPO = Path(__file__).resolve().parents[1]
-VERSION = "0.33.0"
+VERSION = PINNED_VLLM  # the environment's own vLLM: the behaviour tests compare the wheel's with it
 # Behaviour tests run against the installed wheel: the MTP draft's quant config and 4p67's fused projections.
 BEHAVIOUR = ("test_modelopt_mtp_namespace.py", "test_packed_modules_4p67.py")
 
@@ -58,8 +62,20 @@ def series():
 
 
 @pytest.fixture(scope="module")
-def built(release, series, tmp_path_factory):
-    return build_wheel(release, series, "full", tmp_path_factory.mktemp("wheels"))
+def companion(release):
+    """The companion policy's answer for the release's FlashInfer pin (the index asked, as the command asks)."""
+    pin = pinned_companion(release)
+    return resolve_pin(pin) if pin is not None else None
+
+
+@pytest.fixture(scope="module")
+def substitution(companion) -> Substitution | None:
+    return substitution_for(companion)
+
+
+@pytest.fixture(scope="module")
+def built(release, series, substitution, tmp_path_factory):
+    return build_wheel(release, series, "full", tmp_path_factory.mktemp("wheels"), substitution=substitution)
 
 
 def test_every_record_row_matches_its_member(built):
@@ -96,17 +112,23 @@ def test_the_changes_are_exactly_the_planners_plan(release, series, built):
     diff = "".join(planner.FileChange("vllm", n.removeprefix("vllm/"), renamed[n], after[n]).unified_diff()
                    for n in sorted(changed))
     assert diff == plan.diff()
-    # Metadata: the version, the generator and the record; nothing else.
+    # Metadata: the version, the generator, the record and a substituted pin's requirement; nothing else.
+    substituted = [(f"Requires-Dist: {s.release_requirement}", f"Requires-Dist: {s.requirement}")
+                   for s in built.manifest.substituted]
     for name in ("METADATA", "WHEEL"):
         old, new = renamed[new_info + name].decode().splitlines(), after[new_info + name].decode().splitlines()
-        assert [(a, b) for a, b in zip(old, new, strict=True) if a != b] == (
-            [(f"Version: {VERSION}", f"Version: {built.manifest.version}")] if name == "METADATA"
-            else [("Generator: setuptools (80.10.2)", f"Generator: patchkit {__version__}")])
+        differ = [(a, b) for a, b in zip(old, new, strict=True) if a != b]
+        if name == "METADATA":
+            assert differ[0] == (f"Version: {VERSION}", f"Version: {built.manifest.version}")
+            assert sorted(differ[1:]) == sorted(substituted)
+        else:
+            assert differ == [("Generator: setuptools (80.10.2)", f"Generator: patchkit {__version__}")]
     record = json.loads(after[new_info + "patchkit.json"])
     carried = [(r.patch.id, r.patch.digest) for r in plan.results if r.state in ("not-applied", "applied")]
     assert [(p["id"], p["digest"]) for p in record["patches"]] == carried
+    # every patch it does not carry is skipped with its state (0.34.0: nope-mla-pad out of range)
     assert {p["id"]: p["state"] for p in record["skipped"]} == {
-        r.patch.id: r.state for r in plan.results if r.state in ("upstreamed", "not-applicable")}
+        r.patch.id: r.state for r in plan.results if r.state not in ("not-applied", "applied")}
 
 
 def test_compiled_extensions_are_copied_byte_for_byte(release, built):
@@ -120,22 +142,30 @@ def test_compiled_extensions_are_copied_byte_for_byte(release, built):
             assert old.read(info) == new.read(copy)
 
 
-def test_two_builds_give_the_same_wheel(release, series, built, tmp_path):
-    again = build_wheel(release, series, "full", tmp_path)
+def test_two_builds_give_the_same_wheel(release, series, substitution, built, tmp_path):
+    again = build_wheel(release, series, "full", tmp_path, substitution=substitution)
     assert again.path.name == built.path.name
     assert again.sha256 == built.sha256 == hashlib.sha256(built.path.read_bytes()).hexdigest()
 
 
-def test_a_published_pin_is_kept_and_the_command_builds_the_same_wheel(release, built, tmp_path):
-    """0.33.0 pins flashinfer-python 0.7.2.post1, which is published: `wheel build` substitutes nothing (no
-    `substituted` in the record, none in the JSON), and its wheel is the very file build_wheel writes."""
+def test_the_command_keeps_a_published_pin_substitutes_an_unpublished_one_and_builds_the_same_wheel(
+        release, companion, built, tmp_path):
+    """A published pin (0.33.0's flashinfer-python 0.7.2.post1) is kept: no `substituted` in the record, none
+    in the JSON. An unpublished one (0.34.0's 0.7.3) is required as the policy's substitute, recorded in
+    both. Either way `wheel build` (default: the pinned release) writes the very file build_wheel writes."""
+    assert companion is not None and companion.how in (How.PINNED, How.SUBSTITUTE), companion
     record = json.loads(members(built.path)[f"vllm-{built.manifest.version}.dist-info/patchkit.json"])
-    assert "substituted" not in record and built.summary()["substituted"] == []
+    if companion.how == How.PINNED:
+        assert "substituted" not in record and built.summary()["substituted"] == []
+    else:
+        (substituted,) = record["substituted"]
+        assert (substituted["pin"], substituted["substitute"]) == (companion.pin, companion.checked)
+        assert built.summary()["substituted"] == record["substituted"]
     result = CliRunner().invoke(main, ["wheel", "build", "--series", "full", "--platform", "x86_64", "--output",
                                        str(tmp_path / "out"), "--json"])
     assert result.exit_code == 0, result.output
     (entry,) = json.loads(result.stdout)
-    assert entry["companion"]["how"] == "pinned" and entry["substituted"] == []
+    assert entry["companion"] == companion.to_dict() and entry["substituted"] == built.summary()["substituted"]
     assert (Path(entry["wheel"]).name, entry["sha256"]) == (built.path.name, built.sha256)
 
 

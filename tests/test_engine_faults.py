@@ -22,13 +22,23 @@ from pathlib import Path
 
 import pytest
 
-from engines import dockerd_service, engine, engine_client, engine_realistic, engine_service, podman_service  # noqa: F401
+from engines import (  # noqa: F401
+    dockerd_service,
+    engine,
+    engine_client,
+    engine_realistic,
+    engine_service,
+    podman_service,
+    sdk_client,
+)
 from hostile import assert_refused, run_patchkit
+from patchkit.images.leftovers import HOLD_TAG, IMAGE_LABEL, recover
 from registry import registry_server  # noqa: F401
 
 IMAGE = "glm53-flash-nvfp4-4p67"
 VERSIONED_PREFIX = f"patchkit/{IMAGE}:0.33.0-"
 LATEST = f"patchkit/{IMAGE}:latest"
+GARBLED = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"Id\": \"sha2"
 REQUEST = re.compile(rb"(?:GET|POST|PUT|DELETE|HEAD) /v1\.\d+/\S* HTTP/1\.[01]\r\n")
 
 
@@ -37,6 +47,8 @@ class FaultProxy:
     (keep-alive connections carry several). At request `at` (1-based) it does `action`:
     - "drop": closes the connection before the engine sees the request;
     - "kill": forwards the request and SIGKILLs the engine as the first bytes of its answer arrive;
+    - "garble": forwards the request and answers it, in the engine's place, with a 200 whose JSON body is cut
+      after a few bytes;
     - "kill-tagged": SIGKILLs the engine as soon as an answer says `Successfully tagged` (at any request).
     """
 
@@ -92,6 +104,10 @@ class FaultProxy:
                         client.sendall(data.split(b"Successfully tagged")[0])
                         self._fire()
                         break
+                    if armed.is_set() and self.action == "garble":
+                        self.fired = True
+                        client.sendall(GARBLED)
+                        break
                     if armed.is_set():
                         self._fire()
                         break
@@ -119,7 +135,7 @@ class FaultProxy:
                     self.fired = True
                     upstream.sendall(data[:hit.start()])
                     break
-                if hit is not None and self.action == "kill":
+                if hit is not None and self.action in ("kill", "garble"):
                     armed.set()
                 upstream.sendall(data)
         except OSError:
@@ -152,13 +168,37 @@ def tags(client) -> dict[str, str]:
 
 
 def assert_consistent(client, when: str) -> None:
-    """No split tags, no container left."""
+    """No split tags."""
     named = tags(client)
     versioned = {t: i for t, i in named.items() if t.startswith(VERSIONED_PREFIX)}
     if LATEST in named:
         assert named[LATEST] in versioned.values(), f"{when}: split tags {named}"
+
+
+def assert_recovered(client, when: str, before: str, built: bool) -> None:
+    """After the next contact (images.leftovers.recover, which each build runs as it connects): no container
+    (patchkit's, by its label, or any), `:latest` on the image it was on (or on the new one where the
+    faulted build was committed, `built`), no mark of where it was, no untagged image of patchkit's."""
     left = client.containers.list(all=True)
-    assert not left, f"{when}: containers left: {[(c.id[:12], c.image) for c in left]}"
+    assert not left, f"{when}: containers left: {[(c.id[:12], c.labels) for c in left]}"
+    named = tags(client)
+    assert LATEST in named, f"{when}: {LATEST} is gone: {named}"
+    versioned = {i for t, i in named.items() if t.startswith(VERSIONED_PREFIX)}
+    assert named[LATEST] in versioned, f"{when}: split tags {named}"
+    assert named[LATEST] == before or built, f"{when}: {LATEST} moved off {before} to {named[LATEST]} with no build"
+    marks = [t for t in named if f":{HOLD_TAG}." in t]
+    assert not marks, f"{when}: marks left: {marks}"
+    untagged = client.images.list(filters={"dangling": True, "label": IMAGE_LABEL})
+    assert not untagged, f"{when}: untagged images of patchkit's left: {[(i.id, i.attrs) for i in untagged]}"
+
+
+def next_contact(engine_service) -> list[str]:
+    """What the next build does first as it connects (images.leftovers.recover), here in this process."""
+    fresh = sdk_client(engine_service.url)
+    try:
+        return recover(fresh)
+    finally:
+        fresh.close()
 
 
 def warm(engine_service, engine_realistic, tmp_path) -> tuple[str, Path]:
@@ -188,10 +228,13 @@ def test_engine_faults_at_every_request_of_a_load_are_exit_2_and_leave_consisten
     assert 5 <= total <= 30, counting.requests
     assert [m for m, path in counting.requests if path.startswith(b"/v1.41/build?")] == [b"POST"], counting.requests
     assert_consistent(engine_client, "a clean build")
+    next_contact(engine_service)
+    assert_recovered(engine_client, "a clean build", tags(engine_client)[LATEST], True)
     started = time.monotonic()
-    cases = [(a, n) for a in ("drop", "kill") for n in range(1, total + 1)] + [("kill-tagged", None)]
+    cases = [(a, n) for a in ("drop", "kill", "garble") for n in range(1, total + 1)] + [("kill-tagged", None)]
     for action, at in cases:
         epoch += 1
+        before = tags(engine_client)[LATEST]
         proxy = FaultProxy(tmp_path / "fault.sock", engine_service.url, kill, at=at, action=action)
         try:
             got = load(proxy.url, ref, cache, epoch)
@@ -200,13 +243,24 @@ def test_engine_faults_at_every_request_of_a_load_are_exit_2_and_leave_consisten
         if proxy.fired and action.startswith("kill"):
             engine_service.restart()
         where = f"{engine_service.kind} {action} at request {at} of {total} ({proxy.requests[at - 1] if at else ''})"
-        if proxy.fired:
+        # the last request removes the mark of where `:latest` was: the image is built, the build stands
+        method, path = proxy.requests[at - 1] if at is not None else (b"", b"")
+        releasing = method == b"DELETE" and f":{HOLD_TAG}.".encode() in path
+        if proxy.fired and not releasing:
             assert got.code == 2, f"{where}: exit {got.code}: {got.output[-1500:]}"
             assert_refused(got)
+        elif proxy.fired:
+            said = " ".join(got.stderr.split())   # (rich wraps the notes)
+            assert got.code == 0 and "`docker rmi" in said, f"{where}: exit {got.code}: {got.output[-1500:]}"
         else:
             assert got.code == 0, f"{where}: {got.output[-2000:]}"
         time.sleep(0.2)   # an engine that finishes a build after the connection was dropped
         assert_consistent(engine_client, where)
+        done = next_contact(engine_service)
+        named = tags(engine_client)
+        built = named.get(LATEST) != before and named.get(LATEST) in {i for t, i in named.items()
+                                                                      if t.startswith(VERSIONED_PREFIX)}
+        assert_recovered(engine_client, f"{where} (recovered: {done})", before, got.code == 0 or built)
     # The engine's own record agrees after all of it, and the next build moves both tags.
     again = load(engine_service.url, ref, cache, epoch + 1)
     assert again.code == 0, again.output[-3000:]

@@ -23,6 +23,7 @@ import pytest
 from engines import client, patched_files, podman, podman_service, realistic  # noqa: F401
 from patchkit.errors import PatchkitError
 from patchkit.images.build import build
+from patchkit.images.leftovers import RUN_LABEL, clear_command
 from registry import registry_server  # noqa: F401
 
 IMAGE = "glm53-flash-nvfp4-4p67"
@@ -194,11 +195,12 @@ def test_a_build_killed_leaves_a_cache_the_next_build_trusts_correctly(kill_at, 
     assert proc.returncode == -signal.SIGKILL, (proc.returncode, err[-2000:])
     left = leftover_containers(client)
     print(f"\n{kill_at}: {len(left)} container(s) left behind by the killed build")
+    # every container the killed run made carries its run's label (one whose create it never heard answered too)
+    assert all(RUN_LABEL in c.labels for c in left), [c.labels for c in left]
     got = outcome(lambda: run(cache, reference["ref"], podman))
     assert_like_reference(got, reference)
-    # the next build removes only its own containers: the killed run's stay, and did not disturb it
-    assert {c.id for c in leftover_containers(client)} == {c.id for c in left}
-    remove_containers(client)
+    # the next build removes them as it connects, and its own as it ends
+    assert not leftover_containers(client), [(c.id[:12], c.labels) for c in leftover_containers(client)]
     warm = run(cache, reference["ref"], podman)
     assert warm.built.prepared.source.requests == 0 and patched_files(warm.built) == reference["files"]
 
@@ -492,7 +494,9 @@ def test_the_engine_stopping_mid_read_is_a_clean_error(reference, podman_service
     assert_clean_failure(got)
     assert not isinstance(got, OSError) or isinstance(got, PatchkitError) or got.filename
     if left:
-        assert all(c.id[:12] in str(got) for c in left), f"{len(left)} container(s) left, not named: {got}"
+        # named by the command that removes them all, by this run's label (ids it never learnt included)
+        assert clear_command() in str(got), f"{len(left)} container(s) left, not named: {got}"
+        assert all(c.labels.get(RUN_LABEL) == clear_command().rsplit("=", 1)[1].rstrip(")") for c in left)
 
 
 # == 5. bases whose target files are not plain files =====================================================
@@ -594,3 +598,25 @@ def test_a_target_under_a_symlinked_directory_keeps_the_link_and_its_other_files
     assert read_back(client, image_id, COMMON + "/sentinel.py")[1] == b"# kept\n"
     patched = dict((p, d) for p, d, *_ in reference["files"])
     assert read_back(client, image_id, real + "/model.py")[1] == patched[MODEL]
+
+
+# == 6. what earlier runs left =============================================================================
+@pytest.mark.registry
+def test_recover_removes_only_the_containers_of_runs_that_are_over(reference, client):
+    """A container labelled by a run whose process is gone is removed; one of a live run (this process), one
+    whose label patchkit did not write and one with no label stay."""
+    from patchkit.images.leftovers import recover, this_run
+
+    gone = subprocess.run([sys.executable, "-c", "from patchkit.images.leftovers import this_run; print(this_run())"],
+                          env={**os.environ, "PYTHONPATH": str(HERE.parent / "src")}, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    made = {label: client.containers.create(reference["image_id"], command=["/x"], entrypoint=[],
+                                            labels={RUN_LABEL: label} if label else {}).id
+            for label in (gone, this_run(), "someone-else", "")}
+    try:
+        done = recover(client)
+        there = {c.id for c in client.containers.list(all=True)}
+        assert made[gone] not in there and any(made[gone][:12] in line for line in done), done
+        assert {made[this_run()], made["someone-else"], made[""]} <= there
+    finally:
+        remove_containers(client)

@@ -36,6 +36,7 @@ from patchkit.engine import connect
 from patchkit.images.assemble import Built, assemble, describe, push_image, write_output
 from patchkit.images.definitions import load_image
 from patchkit.images.engine import build_with_engine
+from patchkit.images.leftovers import recover
 from patchkit.images.local import Loaded, build_local, find_local_base, prepare_local
 from patchkit.images.prepare import prepare
 from patchkit.oci.media import Platform
@@ -93,6 +94,7 @@ def build(image_name: str, *, base: str | None = None, output: Path | str | None
     image = load_image(images_dir or REPO_ROOT / "images", image_name, patchset)
     if load:
         client = connect(engine_url)
+        recover(client, progress.note)
         local = find_local_base(client, base or image.base, Platform.parse(image.platform))
         if local is not None:
             progress.note(f"route: local engine (base {local.image_id[:19]} is in the engine; only the patched "

@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import __version__
-from patchkit.engine import EngineError, connect, engine_step, explain
+from patchkit.engine import EngineError, answer, connect, engine_faults, engine_step, explain
 from patchkit.errors import PatchkitError
 from patchkit.images.assemble import Built
+from patchkit.images.leftovers import IMAGE_LABEL, hold_tag, put_back_latest, recover
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
 
@@ -40,13 +42,16 @@ def render_context(built: Built, dest: Path) -> Path:
     return dest
 
 
-def dockerfile(image_name: str, base: str, add: str, labels: dict[str, str], env: dict[str, str]) -> str:
+def dockerfile(image_name: str, base: str, add: str, labels: dict[str, str], env: dict[str, str], *,
+               labels_first: bool = False) -> str:
+    """`labels_first`: LABEL before `add`, so every step's image carries patchkit's labels and an untagged
+    one a build cut off leaves is found by them (images.leftovers)."""
+    steps = [_instruction("LABEL", labels), add] if labels_first else [add, _instruction("LABEL", labels)]
     lines = [
         f"# Rendered by patchkit {__version__} for {image_name}: the base pinned by digest, the patched",
         "# files (and stubs over their stale bytecode), labels and environment. Nothing runs in the image.",
         f"FROM {base}",
-        add,
-        _instruction("LABEL", labels),
+        *steps,
         _instruction("ENV", env),
         "",
     ]
@@ -90,19 +95,22 @@ def engine_build(client, context: Path | bytes, tags: Tags, platform: str, progr
     The invariant, whatever fails or is killed (the engine, the connection, patchkit): no image carries
     `:latest` unless the versioned tag names it too. The two are one name's old and new place, and an
     engine moves tags one at a time, so they never move in two steps that could be split:
-    1. `:latest` is taken off the image it names (where it names one): from here until step 2 ends, no
-       image is `:latest`; an absent name fails closed where a stale one would run;
+    1. the image `:latest` names (where it names one) is marked `<repo>:was-latest.<run>` (images.leftovers:
+       the engine keeps where `:latest` was), then `:latest` is taken off it: from here until step 2 ends,
+       no image is `:latest`; an absent name fails closed where a stale one would run;
     2. the build request itself carries every tag (`t=versioned&t=latest&t=push...`), so the engine sets
        them when it commits the image, versioned first, `:latest` after it, with no request between them;
        an engine that finishes a build after the connection was dropped tags it the same way;
-    3. the tags are read back: both name the new image, or the build is refused naming what they name.
-    A build the engine refused (an error in its stream: nothing was committed, nothing tagged) puts
-    `:latest` back where it was. A build cut off (connection, kill) leaves `:latest` unset, said in the
-    error: the next build sets it.
+    3. the tags are read back: both name the new image, or the build is refused naming what they name;
+       then the mark is removed (where the engine fails that, the build stands and the note says so).
+    A build that fails puts `:latest` back on the marked image where the engine still answers and has no
+    `:latest` (it committed nothing, or not yet), and says what it left: the mark, an untagged image of
+    the steps it finished, the command clearing each. Where it cannot, the next build does
+    (images.leftovers.recover).
     """
     previous = _untag_latest(client, tags.latest)
-    image_id = None
-    with engine_step("building the image", lambda: _build_leftovers(tags, previous)):
+    image_id, steps = None, list[str]()
+    with engine_step("building the image", lambda: _build_leftovers(client, tags, previous, steps)):
         try:
             chunks = _build_stream(client, context, tags.all, platform)
             for chunk in chunks:
@@ -110,25 +118,37 @@ def engine_build(client, context: Path | bytes, tags: Tags, platform: str, progr
                     continue
                 if chunk.get("stream", "").strip():
                     progress.note(chunk["stream"].rstrip())
+                    steps += STEP_IMAGE.findall(chunk["stream"])
                 if "error" in chunk:
                     refused = str(chunk.get("error") or "").strip()[:2000]
-                    _retag(client, previous, tags.latest)
-                    raise PatchkitError(f"engine build failed: {refused}")
+                    left = _refused_leftovers(client, tags, previous, steps)
+                    raise PatchkitError(f"engine build failed: {refused}; {left}")
                 aux = chunk.get("aux")
                 if isinstance(aux, dict) and isinstance(aux.get("ID"), str):
                     image_id = aux["ID"]
         except _api_error() as exc:
-            _retag(client, previous, tags.latest)
-            raise PatchkitError(f"engine build failed: {explain(exc)}") from None
+            raise PatchkitError(f"engine build failed: {explain(exc)}; "
+                                f"{_refused_leftovers(client, tags, previous, steps)}") from None
     if image_id is None:
         raise EngineError("building the image", "the build stream ended without the image id", clean=(
-            _build_leftovers(tags, previous)))
-    with engine_step("reading back the tags", lambda: _build_leftovers(tags, previous, image_id)):
+            _build_leftovers(client, tags, previous, steps)))
+    with engine_step("reading back the tags", lambda: _build_leftovers(client, tags, previous, steps, image_id)):
         named = {tag: client.api.inspect_image(tag).get("Id") for tag in (tags.versioned, tags.latest)}
     if set(named.values()) != {image_id}:
         raise EngineError("reading back the tags", "the engine moved them elsewhere",
                           ", ".join(f"{t} names {i}" for t, i in named.items()) + f", not the build's {image_id}")
+    if previous is not None:   # the image is built and named: a mark left is the next build's to clear
+        hold = hold_tag(tags.latest)
+        try:
+            client.api.remove_image(hold)   # (where it is the image's last name, the image and its steps go)
+        except engine_faults() as exc:
+            progress.note(f"the engine did not remove the mark {hold} ({answer(exc, 300)}): `docker rmi {hold}` "
+                          "removes it (the next patchkit build does)")
     return image_id
+
+
+# A finished step's image in the build stream: Docker's classic builder ` ---> 0123456789ab`, podman's `--> 0123456789a`
+STEP_IMAGE = re.compile(r"^ ?-{2,3}> ([0-9a-f]{11,64})\s*$", re.MULTILINE)
 
 
 def _api_error():
@@ -156,39 +176,70 @@ def _build_stream(client, context: Path | bytes, tags: list[str], platform: str)
 
 
 def _untag_latest(client, latest: str) -> str | None:
-    """Take `latest` off the image it names (step 1 of engine_build); that image's id, or None."""
+    """Mark the image `latest` names and take `latest` off it (step 1 of engine_build); its id, or None."""
     import docker
 
-    with engine_step(f"taking {latest} off its image before the build"):
+    hold = hold_tag(latest)
+    found: list[str] = []
+
+    with engine_step(f"taking {latest} off its image before the build",
+                     lambda: [_restore(client, latest, found[0])] if found else []):
         try:
-            previous = client.api.inspect_image(latest)["Id"]
-        except docker.errors.ImageNotFound:
+            found.append(client.api.inspect_image(latest)["Id"])
+        except docker.errors.NotFound:   # (ImageNotFound is a NotFound)
             return None
-        except docker.errors.NotFound:
-            return None
+        repo, _, tag = hold.rpartition(":")
+        client.api.tag(found[0], repo, tag)
         client.api.remove_image(latest, noprune=True)
-    return previous
+    return found[0]
 
 
-def _retag(client, image_id: str | None, name: str) -> None:
-    """Put `name` back on `image_id` (a build the engine refused committed nothing)."""
-    if image_id is None:
-        return
-    repo, _, tag = name.rpartition(":")
-    with engine_step(f"putting {name} back on {image_id[:19]}"):
-        client.api.tag(image_id, repo, tag)
+def _restore(client, latest: str, previous: str | None) -> str:
+    """Put `:latest` back where it was unless the engine has one (it committed the build; images.leftovers'
+    put_back_latest), then remove the mark; what was done, or what is left and its command where the
+    engine does not answer."""
+    if previous is None:
+        return ""
+    hold = hold_tag(latest)
+    try:
+        put = put_back_latest(client, latest, previous)
+        client.api.remove_image(hold)   # (where it is the image's last name, the image and its steps go)
+    except engine_faults():
+        return (f"{latest} may be off {previous}: `docker tag {previous} {latest}` puts it back and "
+                f"`docker rmi {hold}` removes the mark kept of where it was (the next patchkit build does both)")
+    if put is None:
+        return f"{latest} names the build the engine committed"
+    return f"{latest} is back on {put[:19]}" if put == previous else f"{latest} put on {put[:19]}, which the engine committed"
 
 
-def _build_leftovers(tags: Tags, previous: str | None, image_id: str | None = None) -> list[str]:
-    """What a build cut off may leave, as commands: the tags it set (if the engine committed it) and the
-    `:latest` taken off before it."""
+def _refused_leftovers(client, tags: Tags, previous: str | None, steps: list[str]) -> str:
+    """A build the engine refused committed no tag: `:latest` back where it was, and the untagged image of
+    the steps it finished (named in the stream) removed, or named with the command that removes it."""
+    import docker
+
+    said = [s for s in [_restore(client, tags.latest, previous)] if s]
+    if steps:
+        try:
+            client.api.remove_image(steps[-1])
+            said.append(f"the untagged image of the steps it finished ({steps[-1]}) removed")
+        except docker.errors.NotFound:
+            pass
+        except engine_faults():
+            said.append(f"the steps it finished left the untagged image {steps[-1]}: `docker rmi {steps[-1]}` "
+                        f"removes it (the next patchkit build does)")
+    return "; ".join(said) or "nothing was left"
+
+
+def _build_leftovers(client, tags: Tags, previous: str | None, steps: list[str],
+                     image_id: str | None = None) -> list[str]:
+    """What a build cut off left, as commands: `:latest` put back where the engine still answers (else how
+    to), whether the engine committed the build, and the untagged images of it."""
     said = [f"`docker image inspect {tags.versioned} {tags.latest}` shows whether the engine committed "
             f"{image_id[:19] if image_id else 'the build'} (both tags or neither)",
-            "`docker image prune` removes an untagged partial build"]
-    if previous:
-        said.append(f"{tags.latest} was taken off {previous[:19]} before the build: run the build again, or "
-                    f"`docker tag {previous[:19]} {tags.latest}`")
-    return said
+            f"an untagged partial build{' (' + steps[-1] + ')' if steps else ''} is removed by "
+            f"`docker image prune -f --filter label={IMAGE_LABEL}` (the next patchkit build does it)"]
+    restored = _restore(client, tags.latest, previous)
+    return [restored, *said] if restored else said
 
 
 def engine_push(client, image_id: str, tags: Tags, annotations: dict[str, str]) -> list[str]:
@@ -256,6 +307,7 @@ def build_with_engine(built: Built, *, engine_url: str | None = None, push: Sequ
     is appended to `pushed`. Without a reachable engine: a PatchkitError naming the daemonless path."""
     progress = progress or Quiet()
     client = connect(engine_url)
+    recover(client, progress.note)
     tags = tags_for(built.prepared.image.name, built.tag, push)
     with tempfile.TemporaryDirectory(prefix="patchkit-context-") as tmp:
         render_context(built, Path(tmp))

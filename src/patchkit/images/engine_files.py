@@ -35,6 +35,7 @@ from packaging.utils import canonicalize_name
 
 from patchkit.engine import EngineError
 from patchkit.errors import PatchkitError
+from patchkit.images.leftovers import clear_command, run_labels
 from patchkit.oci.base import Base
 from patchkit.oci.layer import Member, normalize
 from patchkit.oci.source import PackagePaths, PackageRoot
@@ -138,8 +139,8 @@ class ContainerSource(PackagePaths):
                     raise self._gone("removing the containers it read", exc) from None
                 except docker.errors.APIError as exc:
                     raise PatchkitError(f"the engine did not remove container {container.id[:12]} (made to read "
-                                        f"{self.base.spec}): {exc.explanation or exc}; remove it with "
-                                        f"`docker rm -f {container.id[:12]}`") from None
+                                        f"{self.base.spec}): {exc.explanation or exc}; `{clear_command()}` removes "
+                                        "every container this run made (the next patchkit build does)") from None
         finally:
             self._created.clear()
             self._remember()
@@ -259,7 +260,7 @@ class ContainerSource(PackagePaths):
         try:
             container.remove(force=True)
         except docker.errors.APIError:
-            pass  # a container the engine cannot remove now is named by no later message: best effort
+            pass  # a container the engine cannot remove now carries this run's label: the next build removes it
 
     def _still_there(self, container, name: str) -> None:
         import docker
@@ -273,10 +274,14 @@ class ContainerSource(PackagePaths):
             raise self._gone(f"reading {name}", exc) from None
 
     def _gone(self, doing: str, exc: Exception) -> EngineError:
-        left = " ".join(c.id[:12] for c in self._created)
+        made = self.containers + self._making
+        learnt = " ".join(c.id[:12] for c in self._created)
+        left = [] if not made else [
+            f"the engine may keep the never-started containers this run made to read from ({made} created"
+            f"{', ' + learnt if learnt else ''}; one whose create went unanswered too): `{clear_command()}` "
+            "removes them (the next patchkit build does)"]
         return EngineError(f"{doing} from {self.base.spec}", exc.__class__.__name__,
-                           "the engine stopped answering; nothing was built",
-                           [f"containers made to read from: docker rm -f {left}"] if left else [])
+                           "the engine stopped answering; no image was built", left)
 
     def _container(self):
         """An idle container of the base; a new one while fewer than READERS were made (prefetch runs at
@@ -294,7 +299,7 @@ class ContainerSource(PackagePaths):
 
         try:
             container = self.client.containers.create(self.base.image_id, command=["/patchkit-never-runs"],
-                                                      entrypoint=[], network_disabled=True,
+                                                                      entrypoint=[], network_disabled=True, labels=run_labels(),
                                                       platform=str(self.base.platform))
         except docker.errors.APIError as exc:
             raise PatchkitError(f"the engine cannot create a container of {self.base.spec} to read its files: "

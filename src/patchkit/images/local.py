@@ -14,7 +14,8 @@ engine (a Spark owner pulled it to run it), so only the patched files move.
    the versioned tag and `:latest` together (images.engine.engine_build says how) and pushes `--push`.
 
 Whatever the engine does at any of these steps (errs, drops the connection, is killed, loses a
-container) is an exit-2 error naming the step and what the engine may keep (patchkit.engine.EngineError).
+container) is an exit-2 error naming the step, what the engine kept and the command clearing it
+(patchkit.engine.EngineError); the next build clears it (images.leftovers.recover).
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def build_local(prepared: Prepared[LocalBase, ContainerSource], client, *, push:
     loaded.local_tag = tags.versioned
     layer = new_layer(prepared).engine_tar(meta.epoch)
     text = dockerfile(prepared.image.name, prepared.base.from_ref, "ADD layer.tar /", meta.labels,
-                      prepared.image.env).encode()
+                      prepared.image.env, labels_first=True).encode()
     context = io.BytesIO()
     # The context goes gzip-compressed (Python source packs ~4:1): what is sent is what is counted.
     with tarfile.open(fileobj=context, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:

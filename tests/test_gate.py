@@ -125,7 +125,12 @@ def _gate(patches: Path, workdir: Path, record: Path) -> subprocess.CompletedPro
 def test_gate_names_a_planted_patch(tmp_path, vllm_release):
     """With the planted first form in the series: exit 1, each differing id passed on stock, fails patched,
     and is named for glm47-tool-args-think-end (left out, the stock outcome comes back); on every release
-    where the first form applies. (The series as it is passes the gate: `nox -s tests` ends with it.)"""
+    where the first form applies. The series as it is passes first, in the same workspace, so the planted
+    run finds the stock outcomes remembered (gate/memo.py) and must still catch the patch: its differing ids
+    rerun on both trees fresh."""
+    good = _gate(REPO / "patches", tmp_path / "work", tmp_path / "series.json")
+    assert good.returncode == 0, good.stderr[-3000:]
+    assert json.loads((tmp_path / "series.json").read_text())["stock_remembered_from"] is None
     planted = tmp_path / "patches"
     shutil.copytree(REPO / "patches", planted)
     shutil.copy(FIRST_FORM, planted / "glm47-tool-args-think-end" / "patch.toml")
@@ -133,7 +138,43 @@ def test_gate_names_a_planted_patch(tmp_path, vllm_release):
     bad = _gate(planted, tmp_path / "work", record)
     assert bad.returncode == 1, bad.stderr[-3000:]
     found = json.loads(record.read_text())
+    assert found["stock_remembered_from"] is not None and "remembered from the run finished" in bad.stderr
+    assert found["stock"] == json.loads((tmp_path / "series.json").read_text())["stock"]
     assert found["differences"], textwrap.shorten(bad.stderr, 2000)
     for d in found["differences"]:
         assert (d["stock"], d["patched"], d["patch"]) == ("passed", "failed", "glm47-tool-args-think-end"), d
     assert "glm47-tool-args-think-end" in bad.stderr
+
+
+@pytest.mark.vllm
+def test_stock_outcomes_are_remembered_only_under_the_same_inputs(tmp_path, monkeypatch):
+    """The memo's key moves with the paths, the workers, the sdist and vLLM's settings in the environment (and
+    comes back with them); a memo under another key, or a file that is not one, is no memo."""
+    from patchkit.gate import memo
+    from patchkit.gate.run import Workspace
+
+    ws = Workspace(tmp_path / "ws", "0.33.0")
+    ws.tests_root.mkdir(parents=True)
+    (ws.tests_root / ".patchkit-sdist").write_text("a" * 64)
+    key = memo.stock_key(ws, ["tests/parser/engine"], 6)
+    assert memo.recall(ws, key) is None
+    memo.remember(ws, key, {"tests/t.py::test_a": "passed", "tests/t.py::test_b": "failed"}, 12)
+    kept = memo.recall(ws, key)
+    assert kept is not None and kept.outcomes == {"tests/t.py::test_a": "passed", "tests/t.py::test_b": "failed"}
+    assert kept.seconds == 12
+    assert memo.stock_key(ws, ["tests/parser"], 6) != key
+    assert memo.stock_key(ws, ["tests/parser/engine"], 2) != key
+    monkeypatch.setenv("VLLM_USE_V2", "0")
+    assert memo.stock_key(ws, ["tests/parser/engine"], 6) != key
+    monkeypatch.delenv("VLLM_USE_V2")
+    (ws.tests_root / ".patchkit-sdist").write_text("b" * 64)
+    assert memo.stock_key(ws, ["tests/parser/engine"], 6) != key
+    assert memo.recall(ws, memo.stock_key(ws, ["tests/parser/engine"], 6)) is None
+    (ws.tests_root / ".patchkit-sdist").write_text("a" * 64)
+    assert memo.stock_key(ws, ["tests/parser/engine"], 6) == key
+    stored = ws.root / "memo" / "stock.json"
+    for bad in (b"", b"{", json.dumps({"key": key, "finished": "x", "seconds": 1, "outcomes": {"t": "maybe"}}).encode(),
+                json.dumps({"key": key, "finished": "x", "seconds": 1, "outcomes": {}}).encode(),
+                json.dumps({"key": key, "finished": "x", "seconds": 1, "outcomes": {"t": "passed"}, "more": 1}).encode()):
+        stored.write_bytes(bad)
+        assert memo.recall(ws, key) is None, bad

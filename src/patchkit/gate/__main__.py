@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from patchkit.errors import PatchkitError
+from patchkit.gate import memo
 from patchkit.gate.blame import blame
 from patchkit.gate.compare import compare
 from patchkit.gate.run import build_tree, edited_files, prepare, run_tests, series_for
@@ -40,13 +41,15 @@ REPO = Path(__file__).resolve().parents[3]
 # cleanup, the Hub retries of offline model lookups); measured on test_serving_chat.py, 6 workers ran it in
 # 157 s where the ci subset took ~400 s a tree with 2.
 @click.option("--workers", type=int, default=6, show_default=True, help="pytest-xdist workers per tree.")
+@click.option("--fresh", is_flag=True, help="Run the stock tree even where its outcomes for these inputs are "
+              "remembered (gate/memo.py; the daily workflow's gate passes it).")
 def main(patches_dir: Path, subset: str | None, narrow: tuple[str, ...], exclude: tuple[str, ...], record: Path | None,
-         workdir: Path | None, workers: int) -> None:
+         workdir: Path | None, workers: int, fresh: bool) -> None:
     """vLLM's own tests for every module the series edits, stock and patched, compared per test id."""
     console = Console(stderr=True)
     try:
         code = _gate(console, patches_dir, SUBSETS[subset] if subset else narrow, subset or "", set(exclude), record,
-                     workdir, workers)
+                     workdir, workers, fresh)
     except PatchkitError as e:
         console.print(f"[red]patchkit gate: {e}[/red]")
         sys.exit(2)
@@ -54,7 +57,7 @@ def main(patches_dir: Path, subset: str | None, narrow: tuple[str, ...], exclude
 
 
 def _gate(console: Console, patches_dir: Path, narrow: tuple[str, ...], subset: str, exclude: set[str],
-          record: Path | None, workdir: Path | None, workers: int) -> int:
+          record: Path | None, workdir: Path | None, workers: int, fresh: bool) -> int:
     release = version("vllm")
     ws = prepare(workdir or default_cache_root() / "gate" / f"vllm-{release}", release, ArchiveCache())
     series = series_for(patches_dir, exclude)
@@ -72,11 +75,21 @@ def _gate(console: Console, patches_dir: Path, narrow: tuple[str, ...], subset: 
         console.print(f"  {path}  [dim]<- {', '.join(sorted(selection.paths[path]))}[/dim]", soft_wrap=True)
     trees = {"stock": build_tree(ws, "stock", []), "patched": build_tree(ws, "patched", series)}
     outcomes, seconds = {}, {}
+    key = memo.stock_key(ws, paths, workers)
+    remembered = None if fresh else memo.recall(ws, key)
+    if remembered is not None:
+        outcomes["stock"], seconds["stock"] = remembered.outcomes, remembered.seconds
+        console.print(f"stock: {len(remembered.outcomes)} ids remembered from the run finished {remembered.finished} "
+                      f"with the same inputs (key {remembered.key[:12]}; --fresh runs them again)", soft_wrap=True)
     for name, tree in trees.items():
+        if name in outcomes:
+            continue
         start = time.monotonic()
         outcomes[name] = run_tests(ws, tree, name, paths, workers=workers)
         seconds[name] = round(time.monotonic() - start)
         console.print(f"{name}: {len(outcomes[name])} ids in {seconds[name]} s")
+        if name == "stock":
+            memo.remember(ws, key, outcomes[name], seconds[name])
     first = compare(outcomes["stock"], outcomes["patched"])
     # A difference counts when it comes back: the differing ids rerun once on both trees.
     rerun = [d.test_id for d in first.differences]
@@ -101,6 +114,7 @@ def _gate(console: Console, patches_dir: Path, narrow: tuple[str, ...], subset: 
             "paths": {p: sorted(w) for p, w in selection.paths.items()}, "untested": sorted(selection.untested),
             "ids": len(set(first.stock) | set(first.patched)), "same": first.same + len(flaky),
             "stock": dict(first.counts("stock")), "patched": dict(first.counts("patched")), "seconds": seconds,
+            "stock_remembered_from": remembered.finished if remembered else None,
             "differences": [{"id": d.test_id, "stock": d.stock, "patched": d.patched, "patch": blamed.get(d.test_id)}
                             for d in confirmed],
             "flaky": flaky,

@@ -1,5 +1,6 @@
 """images/<name>/image.toml: the five real definitions, and every rule the loader enforces."""
 
+import dataclasses
 import textwrap
 from pathlib import Path
 
@@ -8,10 +9,18 @@ import pytest
 from builders import ENV_OK
 from builders import image_toml as root
 from patchkit.errors import PatchkitError
-from patchkit.images.definitions import ARCH_ENV, UnknownImage, load_image, load_images
+from patchkit.images.definitions import (
+    ARCH_ENV,
+    UnknownImage,
+    UnknownSeries,
+    load_image,
+    load_images,
+    mirrors,
+    series_named,
+)
 from patchkit.images.schema import InvalidImageFile
 from patchkit.patching.patchset import load_patchset
-from patchkit.tomlschema import InvalidDefinition
+from patchkit.tomlschema import InvalidDefinition, NoDefinitionFiles
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELD_DIGEST = "sha256:905c02933be6021301db2dc284e24e3727467aa3a0f63b41d609885778a07bce"
@@ -144,3 +153,87 @@ def test_the_pinned_base_stand_in_follows_the_root_definition(images):
     assert stand_in.flashinfer == (flashinfer.version or "0.6.18.post1")
     # a real dev build writes its dev version into _version.py as into METADATA (tests/bases.version_py)
     assert stand_in.scm_version == vllm.version
+
+
+# ------------------------------------------------------------ hostile copies of the real definitions
+
+ROOT_IMAGE, LAB = "glm53-flash-nvfp4", "glm53-flash-nvfp4-lab"
+
+
+def hostile(tmp_path, image: str, old: str, new: str, folder: str | None = None) -> Path:
+    """The five real image.toml files copied under tmp_path, `image`'s broken by one edit (written as
+    `folder` when given, the real ones left whole); the broken file's path."""
+    for name in NAMES:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "image.toml").write_bytes((ROOT / "images" / name / "image.toml").read_bytes())
+    text = (ROOT / "images" / image / "image.toml").read_text()
+    assert old in text, old
+    target = tmp_path / (folder or image) / "image.toml"
+    target.parent.mkdir(exist_ok=True)
+    target.write_text(text.replace(old, new, 1))
+    return target
+
+
+@pytest.mark.parametrize("image, old, new, folder, at, problem", [
+    (ROOT_IMAGE, f'name = "{ROOT_IMAGE}"', 'name = "other"', None, "key 'name'", "folder-name"),
+    (ROOT_IMAGE, f'name = "{ROOT_IMAGE}"', 'name = "Upper"', "Upper", "key 'name'", "image-name"),
+    (LAB, f'parent = "{ROOT_IMAGE}"', 'parent = "zz"', None, "key 'parent'", "parent"),
+    (LAB, f'parent = "{ROOT_IMAGE}"', f'parent = "{LAB}"', None, "key 'parent'", "parent"),
+    (ROOT_IMAGE, "title = ", f'parent = "{LAB}"\ntitle = ', None, "key 'parent'", "cycle"),
+    (ROOT_IMAGE, "[packages.vllm]", "[packages.flashinfer2]", None, "[packages.vllm]", "missing-table"),
+    (ROOT_IMAGE, "cu130@sha256:", "cu130@sha512:", None, "[base], key 'ref'", "base-ref"),
+    (ROOT_IMAGE, 'platform = "linux/arm64"', 'platform = "linux/amd64"', None, "[base], key 'platform'", "platform"),
+    (ROOT_IMAGE, "[packages.flashinfer]", "[packages.numpy]", None, "[packages.numpy]", "unknown-package"),
+    (ROOT_IMAGE, 'path = "/usr', 'path = "usr', None, "[packages.vllm], key 'path'", "package-path"),
+    (ROOT_IMAGE, 'version = "0.1.dev20051+g487ecf187"', 'version = "zero"', None, "[packages.vllm], key 'version'",
+     "version"),
+    (ROOT_IMAGE, 'version = "0.1.dev20051+g487ecf187"\n', "", None, "[packages.vllm]", "version"),
+    (ROOT_IMAGE, 'layout = "0.30.0"', 'layout = "0.30.0rc1"', None, "[packages.vllm], key 'layout'", "layout"),
+    (LAB, 'add = ["naming-shim"', 'add = ["nope-mla-pad", "naming-shim"', None, "[series], key 'add'", "series"),
+    (ROOT_IMAGE, "vars = { ", 'vars = { "BAD-NAME" = "1", ', None, "[env.vars], key 'BAD-NAME'", "env-name"),
+    (ROOT_IMAGE, 'CUTE_DSL_ARCH = "sm_121a"', 'CUTE_DSL_ARCH = "sm_90a"', None, "[env.vars], key 'CUTE_DSL_ARCH'",
+     "arch-env"),
+])
+def test_each_rule_refuses_a_hostile_copy_of_a_real_image(tmp_path, patchset, image, old, new, folder, at, problem):
+    broken = hostile(tmp_path, image, old, new, folder)
+    # a cycle is found from the image that closes it: the lab, naming the root as its parent
+    blamed = tmp_path / LAB / "image.toml" if problem == "cycle" else broken
+    with pytest.raises(InvalidImageFile) as info:
+        load_images(tmp_path, patchset)
+    assert (info.value.path, info.value.at, info.value.problem) == (str(blamed), at, problem)
+    assert str(info.value) == f"{blamed}: {at}: {info.value.detail}"
+
+
+def test_names_no_image_defines_are_typed_with_what_is_known(tmp_path, patchset):
+    with pytest.raises(NoDefinitionFiles) as none:
+        load_images(tmp_path, patchset)
+    assert (none.value.folder, none.value.file, str(none.value)) == (str(tmp_path), "image.toml",
+                                                                     f"no image.toml under {tmp_path}")
+    hostile(tmp_path, ROOT_IMAGE, "", "")  # the five, none broken
+    with pytest.raises(UnknownSeries) as series:
+        series_named("nope", tmp_path, patchset)
+    assert (series.value.name, series.value.known) == ("nope", tuple(sorted(NAMES)))
+    assert str(series.value).startswith(f"unknown series 'nope': use 'full' or an image name of {tmp_path} (")
+    with pytest.raises(UnknownImage) as image:
+        mirrors(load_images(tmp_path, patchset), "ghcr.io/owner", "nope")
+    assert (image.value.name, image.value.images_dir, image.value.known) == ("nope", None, tuple(sorted(NAMES)))
+
+
+def test_an_image_made_with_an_unpinned_base_refuses_its_digest(images):
+    made = dataclasses.replace(images[ROOT_IMAGE], base="vllm/vllm-openai:latest")
+    with pytest.raises(InvalidImageFile) as info:
+        assert made.base_digest is None  # never reached: reading the digest raises
+    assert (info.value.path, info.value.at, info.value.problem) == (
+        str(ROOT / "images" / ROOT_IMAGE / "image.toml"), "[base], key 'ref'", "base-ref")
+
+
+def test_the_cli_refuses_a_hostile_image_with_exit_2_and_the_place(tmp_path):
+    from click.testing import CliRunner
+
+    from patchkit.cli.main import main
+
+    broken = hostile(tmp_path, ROOT_IMAGE, "cu130@sha256:", "cu130@sha512:")
+    r = CliRunner().invoke(main, ["list", "--patches", str(ROOT / "patches"), "--series", LAB, "--images",
+                                  str(tmp_path)])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"{broken}: [base], key 'ref': " in r.stderr and "must be pinned by digest" in r.stderr

@@ -35,6 +35,16 @@ class InvalidDefinition(PatchkitError):
         self.path, self.at, self.problem, self.detail = str(path), at, problem, detail
         super().__init__(f"{path}: {at}: {detail}" if at else f"{path}: {detail}")
 
+
+class NoDefinitionFiles(PatchkitError):
+    """A folder that holds no definition file of the kind asked for (exit 2): the `folder` looked in and
+    the `file` name looked for there (image.toml, variant.toml), one folder deep."""
+
+    def __init__(self, folder: Path | str, file: str):
+        self.folder, self.file = str(folder), file
+        super().__init__(f"no {file} under {folder}")
+
+
 _AT = re.compile(r"^(?P<what>.*?)(?: - at `(?P<path>\$[^`]*)`)?$", re.S)
 _STEP = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[['\"]([^'\"]+)['\"]\]")
 

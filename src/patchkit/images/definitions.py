@@ -67,9 +67,10 @@ from patchkit import tomlschema
 from patchkit.errors import PatchkitError
 from patchkit.images.schema import ImageFile, InvalidImageFile
 from patchkit.images.wheel_pins import WheelPin, pinned_wheels
-from patchkit.patching.patchset import Patch, PatchSet
+from patchkit.patching.patchset import InvalidSeries, Patch, PatchSet, UnknownPatch
 from patchkit.patching.series import FULL_SERIES
 from patchkit.sources.base import DISTRIBUTIONS
+from patchkit.tomlschema import NoDefinitionFiles
 
 IMAGE_FILE = "image.toml"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -119,8 +120,9 @@ class Image:
     @property
     def base_digest(self) -> str:
         m = BASE_RE.match(self.base)
-        if m is None:  # loading a definition checks it; an ImageDef made otherwise may not hold one
-            raise PatchkitError(f"base {self.base!r} is not name@sha256:<64 hex digits>")
+        if m is None:  # loading a definition checks it; an Image made otherwise may not hold one
+            raise InvalidImageFile(self.folder / IMAGE_FILE, "[base], key 'ref'", "base-ref",
+                                   f"base {self.base!r} is not name@sha256:<64 hex digits>")
         return m["digest"]
 
     def engine_versions(self) -> dict[str, str]:
@@ -133,7 +135,7 @@ def load_images(images_dir: Path | str, patchset: PatchSet) -> dict[str, Image]:
     images_dir = Path(images_dir)
     raw = {p.parent.name: (p, _read(p)) for p in sorted(images_dir.glob(f"*/{IMAGE_FILE}"))}
     if not raw:
-        raise PatchkitError(f"no {IMAGE_FILE} under {images_dir}")
+        raise NoDefinitionFiles(images_dir, IMAGE_FILE)
     resolved: dict[str, Image] = {}
     for name in raw:
         _resolve(name, raw, images_dir, patchset, resolved, ())
@@ -141,12 +143,23 @@ def load_images(images_dir: Path | str, patchset: PatchSet) -> dict[str, Image]:
 
 
 class UnknownImage(PatchkitError):
-    """An image name no image.toml defines (exit 2): the `name` asked for, the `images_dir` looked in and
-    the `known` image names there."""
+    """An image name no image.toml defines (exit 2): the `name` asked for, the `images_dir` looked in (None
+    when the images were loaded elsewhere) and the `known` image names there."""
+
+    def __init__(self, name: str, images_dir: Path | str | None, known: tuple[str, ...]):
+        self.name, self.images_dir, self.known = name, images_dir, tuple(known)
+        where = f"{images_dir} has" if images_dir is not None else "the images are"
+        super().__init__(f"unknown image {name!r}; {where}: {', '.join(known)}")
+
+
+class UnknownSeries(PatchkitError):
+    """A series name that is neither the full series nor an image (exit 2): the `name` asked for, the
+    `images_dir` looked in and the `known` image names there (each names its image's series)."""
 
     def __init__(self, name: str, images_dir: Path | str, known: tuple[str, ...]):
-        self.name, self.images_dir, self.known = name, images_dir, known
-        super().__init__(f"unknown image {name!r}; {images_dir} has: {', '.join(known)}")
+        self.name, self.images_dir, self.known = name, images_dir, tuple(known)
+        super().__init__(f"unknown series {name!r}: use {FULL_SERIES!r} or an image name of {images_dir} "
+                         f"({', '.join(known) or 'none'})")
 
 
 class PatchEnvMismatch(PatchkitError):
@@ -292,7 +305,7 @@ def _checked(patchset: PatchSet, ids: list[str], where: Path, at: str):
     """The patch set's own refusal (unknown ids, out of application order), placed in the image file."""
     try:
         return patchset.series(ids)
-    except PatchkitError as exc:
+    except (UnknownPatch, InvalidSeries) as exc:
         raise InvalidImageFile(where, at, "series", str(exc)) from None
 
 
@@ -335,9 +348,7 @@ def series_named(name: str | None, images_dir: Path | str, patchset: PatchSet) -
         return patchset.series()
     images_dir = Path(images_dir)
     if not (images_dir / name / IMAGE_FILE).is_file():
-        names = sorted(p.parent.name for p in images_dir.glob(f"*/{IMAGE_FILE}"))
-        raise PatchkitError(f"unknown series {name!r}: use {FULL_SERIES!r} or an image name of {images_dir} "
-                            f"({', '.join(names) or 'none'})")
+        raise UnknownSeries(name, images_dir, tuple(sorted(p.parent.name for p in images_dir.glob(f"*/{IMAGE_FILE}"))))
     return patchset.series(load_images(images_dir, patchset)[name].series)
 
 
@@ -356,7 +367,7 @@ def mirrors(images: dict[str, Image], prefix: str, name: str | None = None) -> l
     once into its own registry (`patchkit mirrors PREFIX [IMAGE]`), and every image build then mounts
     the base layers from there."""
     if name is not None and name not in images:
-        raise PatchkitError(f"unknown image {name!r}; the images are: {', '.join(sorted(images))}")
+        raise UnknownImage(name, None, tuple(sorted(images)))
     chosen = [images[name]] if name is not None else list(images.values())
     out = []
     for base in sorted({i.base for i in chosen}):

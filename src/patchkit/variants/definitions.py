@@ -71,8 +71,9 @@ import msgspec
 
 from patchkit import tomlschema
 from patchkit.errors import PatchkitError
+from patchkit.tomlschema import InvalidDefinition, NoDefinitionFiles
 from patchkit.variants.schema import CheckpointTable, ExpectTable, ServeTable, VariantFile
-from patchkit.vllm_rules import check_method, expected_method
+from patchkit.vllm_rules import UnloadableCheckpoint, check_method, expected_method
 
 VARIANT_FILE = "variant.toml"
 if TYPE_CHECKING:
@@ -205,21 +206,35 @@ class Variant:
 # ---------------------------------------------------------------- loading
 
 
+class InvalidVariantFile(InvalidDefinition):
+    """A variant.toml that reads as its schema but breaks a rule between fields or variants (exit 2). As for
+    any definition: `path` the variant.toml, `at` the table and key ("[serve], key 'args'"), `detail` what
+    was expected and what was found; `problem` one of "image-folder" (image is not the folder's name),
+    "quant-algo" (a layout vLLM 0.33 has no loader for), "mtp-exclusion" (exclude_mtp_from_quant on a
+    layout other than flat ModelOpt with a BF16 predictor), "speculative" (MTP speculation without MTP
+    weights, or MTP weights without speculation), "mtp-speculator" ([expect] mtp_speculator disagrees with
+    [serve] speculative), "args-structured" (args repeats a flag a structured field sets), "args-json" (a
+    JSON flag's value does not parse), "recipe-pin" (the KV pool or its dtype is not the recipes' pinned
+    value), "duplicate-probe" (a quantprobe prefix twice), "accept-length" (the band's low above its
+    high), "duplicate-name" (a name or alias another variant has). The [vllm] quantization method
+    against the layout is vllm_rules' WrongQuantMethod, which preflight and serve-args share."""
+
+
 def load_variant(path: Path) -> Variant:
-    """Parse and validate one variant.toml; every problem is a PatchkitError naming file, table and key."""
+    """Parse and validate one variant.toml; every problem names file, table and key (InvalidDefinition,
+    InvalidVariantFile, or vllm_rules' kinds for the quantization method)."""
     doc = tomlschema.load(path, VariantFile)
     if path.parent.name != doc.image:
-        raise PatchkitError(f"{path}: key 'image': {doc.image!r} must equal the directory holding the file "
-                            f"({path.parent.name!r})")
-    checkpoint = _checkpoint(doc.checkpoint, f"{path}: [checkpoint]")
+        raise InvalidVariantFile(path, "key 'image'", "image-folder", f"{doc.image!r} must equal the directory "
+                                 f"holding the file ({path.parent.name!r})")
+    checkpoint = _checkpoint(doc.checkpoint, path)
     check_method(checkpoint.format, checkpoint.quant_algo, doc.vllm.quantization, f"{path}: [vllm], key 'quantization'")
-    serve = _serve(doc.serve, checkpoint.mtp, f"{path}: [serve]")
+    serve = _serve(doc.serve, checkpoint.mtp, path)
     expect = _expect(doc.expect, path)
     if expect.mtp_speculator != (serve.speculative is not None):
-        raise PatchkitError(
-            f"{path}: [expect], key 'mtp_speculator': {str(expect.mtp_speculator).lower()} while [serve] "
-            f"{'sets' if serve.speculative else 'has no'} speculative; the two must agree"
-        )
+        raise InvalidVariantFile(path, "[expect], key 'mtp_speculator'", "mtp-speculator",
+                                 f"{str(expect.mtp_speculator).lower()} while [serve] "
+                                 f"{'sets' if serve.speculative else 'has no'} speculative; the two must agree")
     return _built(Variant, doc, aliases=tuple(doc.aliases), path=path, checkpoint=checkpoint,
                   quantization=doc.vllm.quantization, patches=tuple(doc.vllm.patches), serve=serve, expect=expect)
 
@@ -230,48 +245,51 @@ def _built(cls: type[T], table: msgspec.Struct, **given: Any) -> T:
     return cls(**{**{k: v for k, v in msgspec.structs.asdict(table).items() if k in names}, **given})
 
 
-def _checkpoint(table: CheckpointTable, at: str) -> Checkpoint:
+def _checkpoint(table: CheckpointTable, path: Path) -> Checkpoint:
     try:
         expected_method(table.format, table.quant_algo)
-    except PatchkitError as exc:
-        raise PatchkitError(f"{at}, key 'quant_algo': {exc}") from None
+    except UnloadableCheckpoint as exc:
+        raise InvalidVariantFile(path, "[checkpoint], key 'quant_algo'", "quant-algo", str(exc)) from None
     # The exclusion exists for one layout: a flat ModelOpt config whose BF16 predictor is not in
     # `ignore`. MIXED_PRECISION leaves unlisted layers unquantized already.
     if table.exclude_mtp_from_quant and (
         table.mtp != "bf16" or table.format != "modelopt" or table.quant_algo.upper() == "MIXED_PRECISION"
     ):
-        raise PatchkitError(
-            f"{at}, key 'exclude_mtp_from_quant': applies only to a flat ModelOpt checkpoint with a BF16 "
-            f"MTP predictor (mtp={table.mtp!r}, format={table.format!r}, quant_algo={table.quant_algo!r})"
-        )
+        raise InvalidVariantFile(path, "[checkpoint], key 'exclude_mtp_from_quant'", "mtp-exclusion",
+                                 "applies only to a flat ModelOpt checkpoint with a BF16 MTP predictor "
+                                 f"(mtp={table.mtp!r}, format={table.format!r}, quant_algo={table.quant_algo!r})")
     return _built(Checkpoint, table, revision=table.revision or None,
                   pins=Pins(table.config_sha256 or None, table.index_sha256 or None))
 
 
-def _serve(table: ServeTable, mtp: str, at: str) -> Serve:
+def _serve(table: ServeTable, mtp: str, path: Path) -> Serve:
     # MTP speculation needs predictor weights; a checkpoint without them boots but never drafts.
     if table.speculative is not None and mtp == "absent":
-        raise PatchkitError(f"{at}, key 'speculative': MTP speculation needs MTP weights, and the checkpoint "
-                            "has none ([checkpoint] mtp = \"absent\")")
+        raise InvalidVariantFile(path, "[serve], key 'speculative'", "speculative", "MTP speculation needs MTP "
+                                 "weights, and the checkpoint has none ([checkpoint] mtp = \"absent\")")
     if table.speculative is None and mtp != "absent":
-        raise PatchkitError(f"{at}: missing key 'speculative': the checkpoint has MTP weights ([checkpoint] "
-                            f"mtp = {mtp!r}); speculative = {{ method = \"mtp\", num_speculative_tokens = N }} uses them")
+        raise InvalidVariantFile(path, "[serve]", "speculative", "missing key 'speculative': the checkpoint has MTP "
+                                 f"weights ([checkpoint] mtp = {mtp!r}); speculative = {{ method = \"mtp\", "
+                                 "num_speculative_tokens = N } uses them")
     for arg in table.args:
         if arg.split("=", 1)[0] in MANAGED_FLAGS:
-            raise PatchkitError(f"{at}, key 'args': {arg!r} is set by a structured field, not in args")
+            raise InvalidVariantFile(path, "[serve], key 'args'", "args-structured",
+                                     f"{arg!r} is set by a structured field, not in args")
     for flag, value in itertools.pairwise(table.args):
         if flag in JSON_FLAGS:
             try:
                 json.loads(value)
             except json.JSONDecodeError as exc:
-                raise PatchkitError(f"{at}, key 'args': value of {flag} is not JSON ({exc}): {value!r}") from None
+                raise InvalidVariantFile(path, "[serve], key 'args'", "args-json",
+                                         f"value of {flag} is not JSON ({exc}): {value!r}") from None
     # Field records "Measured recipes": GMU sizing has no headroom at ~93 GiB of weights; the pool is pinned to the digit.
     pins: tuple[tuple[str, object, object], ...] = (
         ("kv_cache_memory_bytes", table.kv_cache_memory_bytes, PINNED_KV_BYTES),
         ("kv_cache_dtype", table.kv_cache_dtype, KV_CACHE_DTYPE))
     for key, found, pinned in pins:
         if found != pinned:
-            raise PatchkitError(f"{at}, key {key!r}: the GLM-5.3 recipes pin {key}={pinned!r}, got {found!r}")
+            raise InvalidVariantFile(path, f"[serve], key {key!r}", "recipe-pin",
+                                     f"the GLM-5.3 recipes pin {key}={pinned!r}, got {found!r}")
     spec = table.speculative
     return _built(Serve, table, speculative=spec and Speculative(spec.method, spec.num_speculative_tokens),
                   args=tuple(table.args), env=dict(table.env))
@@ -281,12 +299,13 @@ def _expect(table: ExpectTable, path: Path) -> Expect:
     seen: set[str] = set()
     for i, row in enumerate(table.quantprobe, 1):
         if row.prefix in seen:
-            raise PatchkitError(f"{path}: [[expect.quantprobe]] #{i}, key 'prefix': {row.prefix!r} is probed already")
+            raise InvalidVariantFile(path, f"[[expect.quantprobe]] #{i}, key 'prefix'", "duplicate-probe",
+                                     f"{row.prefix!r} is probed already")
         seen.add(row.prefix)
     band = table.accept_length
     if band is not None and band[0] > band[1]:
-        raise PatchkitError(f"{path}: [expect], key 'accept_length': must be [low, high] with low <= high, "
-                            f"got {list(band)}")
+        raise InvalidVariantFile(path, "[expect], key 'accept_length'", "accept-length",
+                                 f"must be [low, high] with low <= high, got {list(band)}")
     return _built(Expect, table, quantprobe=tuple(ProbeRow(row.layer, row.prefix, row.algo) for row in table.quantprobe),
                   accept_length=band and (float(band[0]), float(band[1])))
 
@@ -298,13 +317,13 @@ def load_variants(images_dir: Path) -> dict[str, Variant]:
     names: dict[str, str] = {}
     for path in sorted(root.glob(f"*/{VARIANT_FILE}")):
         variant = load_variant(path)
-        for key in (variant.name, *variant.aliases):
+        for key, at in ((variant.name, "key 'name'"), *((alias, "key 'aliases'") for alias in variant.aliases)):
             if key in names:
-                raise PatchkitError(f"{path}: name {key!r} already used by variant {names[key]}")
+                raise InvalidVariantFile(path, at, "duplicate-name", f"name {key!r} already used by variant {names[key]}")
             names[key] = variant.name
         variants[variant.name] = variant
     if not variants:
-        raise PatchkitError(f"no {VARIANT_FILE} under {root}")
+        raise NoDefinitionFiles(root, VARIANT_FILE)
     return variants
 
 

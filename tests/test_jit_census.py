@@ -1,5 +1,5 @@
 """The run-time compiled half of the kernel census (src/patchkit/census/jit_census.py), with the real nvcc 13 on
-the real release sources: vLLM 0.33.0's and 0.30.0's persistent top-k from their sdists' csrc (as vLLM's build
+the real release sources: vLLM 0.34.0's, 0.33.0's and 0.30.0's persistent top-k from their sdists' csrc (as vLLM's build
 compiles topk.cu, against the tests environment's torch headers), FlashInfer 0.6.18.post1's and 0.7.2.post1's
 sparse MLA SM120 kernels at the shapes nope-mla-pad hands them, for sm_121a and sm_120f. Each unit compiles
 once into the user cache dir (vLLM's topk.cu: ~3 min of CPU for both targets, ~8 min wall on a loaded 2-core
@@ -21,8 +21,10 @@ import pytest
 
 from hostile import assert_refused, run_patchkit
 from patchkit import PINNED_VLLM
-from patchkit.census import jit_census, ptxas
-from patchkit.census.jit_units import GB10_SMEM_OPTIN, Kernel, Unit
+from patchkit.census import jit_census, ptxas, reach
+from patchkit.census.jit_units import GB10_SMEM_OPTIN, VLLM_TOPK, Kernel, Route, Unit
+from patchkit.sources.cache import ArchiveCache
+from patchkit.sources.release import open_release
 
 DATA = Path(__file__).parent / "data" / "ptxas"
 
@@ -119,6 +121,49 @@ def test_a_cache_record_without_the_users_mac_is_compiled_again(hand_written, tm
     assert jit_census._cached("k" * 64) is None
 
 
+# Hand-written (not from any release): a launcher that refuses, with no fallback, below 128 KiB of opt-in, and a
+# caller (Python) that keeps off it only where it upcasts first.
+REFUSES = """__global__ void patchkit_refused(float* x) { x[threadIdx.x] *= 2.0f; }
+inline void patchkit_launch(float* x, int max_smem_per_block) {
+  if (max_smem_per_block < 128 * 1024) throw "refused";
+  patchkit_refused<<<1, 256>>>(x);
+}
+"""
+CALLER = "def select(logits):\n    logits = logits.float()\n    return topk(logits)\n"
+REFUSING = Unit(
+    "hand-written-refusal", "none", ">=0", "a refusal GLM's path must be shown off", members=(), host=("refuses.cu",),
+    includes=(), system_includes=(), flags=("-std=c++17", "-O3"), headers=(),
+    kernels=(Kernel("refused", r"patchkit_refused", "256", dynamic="0",
+                    gates=(r"if \(max_smem_per_block < (\d+) \* 1024\) throw",), launch_sites=r"patchkit_refused<<<",
+                    unreached=(Route("caller.py", r"logits = logits\.float\(\)\s*return topk\(logits\)",
+                                     "the caller upcasts before its top-k", each=r"topk\("),)),))
+
+
+def test_a_refusing_launcher_passes_only_where_every_step_off_it_is_read(tmp_path):
+    (tmp_path / "refuses.cu").write_text(REFUSES)
+    nvcc, _ = jit_census.find_nvcc()
+    found = jit_census.compile_tree(REFUSING, list(REFUSING.kernels), tmp_path, nvcc, None, "hand-written")
+
+    def judged(caller: str | None):
+        return jit_census.judge(REFUSING, list(REFUSING.kernels), "hand-written", found,
+                                {"refuses.cu": REFUSES, "caller.py": caller})
+
+    off = judged(CALLER)
+    assert len(off) == 2 and all(r.ok for r in off)
+    assert {r.verdict for r in off} == {"refused on GB10 (host needs >= 131,072 B opt-in, refuses.cu:3); off GLM-5.3's "
+                                        "path on cc 12.1 (1 steps in the evidence)"}
+    assert off[0].evidence == ["refuses.cu:3: the host refuses it below 131,072 B of opt-in shared memory a block",
+                               "caller.py:2-3: the caller upcasts before its top-k"]
+    second_call = judged(CALLER + "def raw(logits):\n    return topk(logits)\n")
+    assert {r.verdict for r in second_call} == {
+        "REFUSED ON GB10 AND NOT SHOWN OFF GLM-5.3'S PATH: refused on GB10 (host needs >= 131,072 B opt-in, "
+        "refuses.cu:3); caller.py: 1 matches for its 2 call sites of 'logits = logits\\\\.float\\\\(\\\\)\\\\s*return "
+        "topk\\\\(logits\\\\)' (expected: the caller upcasts before its top-k)"}
+    assert not any(r.ok for r in second_call) and not jit_census.census_dict(second_call, {})["ok"]
+    missing = judged(None)
+    assert not any(r.ok for r in missing) and all("caller.py is not in the sdist" in r.verdict for r in missing)
+
+
 @pytest.mark.network
 def test_pinned_release_persistent_topk_fits_gb10():
     """0.33.0's topk.cu: persistent_topk sized to the opt-in with no static shared memory (exactly 101,376 B
@@ -150,6 +195,55 @@ def test_the_release_where_persistent_topk_cc12_applies_already_fits_gb10():
     assert not _by(rows, "sampled_topk_kernel")  # 0.32+ only
 
 
+BF16 = "persistent_topk_kernel (bf16 logits)"
+
+
+@pytest.mark.network
+def test_034s_templated_launchers_get_their_budgets_and_its_bf16_refusal_is_read_off_glms_path():
+    """0.34.0 templates topk.cu's launchers on the logits' type: every kernel has a float and a bf16 instantiation,
+    and the bf16 persistent top-k is refused (STD_TORCH_CHECK, no fallback) below 128 KiB of opt-in, which GB10
+    lacks. It passes only because the release's own Python keeps GLM-5.3 off it, each step cited by file:lines."""
+    rows = jit_census.census("vllm", "0.34.0")
+    assert rows and all(r.ok for r in rows), [r.verdict for r in rows if not r.ok]
+    for arch in ("sm_121a", "sm_120f"):
+        fp32 = _by(rows, "persistent_topk_kernel", arch)
+        assert len(fp32) == 9 and all(r.name.endswith(", float>") for r in fp32)
+        assert {(r.static_smem, r.dynamic_smem, r.threads, r.spills) for r in fp32} == {(0, GB10_SMEM_OPTIN, 1024, 0)}
+        bf16 = _by(rows, BF16, arch)
+        assert len(bf16) == 9 and all(r.name.endswith(", __nv_bfloat16>") for r in bf16)
+        assert {r.verdict for r in bf16} == {"refused on GB10 (host needs >= 131,072 B opt-in, csrc/topk.cu:41-43); "
+                                             "off GLM-5.3's path on cc 12.1 (5 steps in the evidence)"}
+        assert [e.split(": ", 1)[0] for e in bf16[0].evidence] == [
+            "csrc/topk.cu:41-43", "vllm/models/glm5next/sparse_indexer.py:15-16",
+            "vllm/models/glm5next/nvidia/sparse_indexer.py:22-24", "vllm/models/glm5next/nvidia/sparse_indexer.py:668-699",
+            "vllm/model_executor/layers/sparse_attn_indexer.py:372-381", "vllm/model_executor/layers/indexer_topk.py:237-259"]
+        gated = _by(rows, "FilteredTopKUnifiedKernel", arch) + _by(rows, "sampled_topk_kernel", arch)
+        assert len(gated) == 30 and {r.verdict for r in gated} == {
+            "not launched on GB10 (host needs >= 131,072 B opt-in)", "not launched on GB10 (host needs >= 147,456 B opt-in)"}
+    assert {r.kernel for r in rows} == {"persistent_topk_kernel", BF16, "FilteredTopKUnifiedKernel", "sampled_topk_kernel"}
+    assert all(not r.evidence for r in rows if r.kernel != BF16)
+
+
+@pytest.mark.network
+def test_a_release_whose_glm_indexer_kept_bf16_logits_would_reach_the_refusal():
+    """0.34.0's own files, the GLM indexer's upcast taken out of its decode top-k call: the step is not found,
+    so the census cannot say GLM-5.3 is off the bf16 path, and says which step is missing."""
+    [kernel] = [k for k in VLLM_TOPK.kernels if k.name == BF16]
+    source = open_release("vllm", "0.34.0", cache=ArchiveCache(), progress=False)
+    sources = reach.read_sources(source, {r.file for r in kernel.unreached})
+    assert not reach.follow(kernel.unreached, sources).problem
+    indexer = "vllm/models/glm5next/nvidia/sparse_indexer.py"
+    text = sources[indexer]
+    assert text is not None and text.count("logits = as_fp32_logits(") == 2
+    kept = {**sources, indexer: text.replace("logits = as_fp32_logits(", "logits = (")}
+    found = reach.follow(kernel.unreached, kept)
+    assert len(found.evidence) == 4 and found.problem.startswith(
+        f"{indexer}: 0 matches for its 1 call sites of ") and "(expected: its decode top-k is handed" in found.problem
+    gone = reach.follow(kernel.unreached, {**sources, "vllm/model_executor/layers/sparse_attn_indexer.py": None})
+    assert gone.problem == ("vllm/model_executor/layers/sparse_attn_indexer.py is not in the sdist (expected: "
+                            "as_fp32_logits returns float32 logits)")
+
+
 @pytest.mark.network
 @pytest.mark.parametrize("version, topk", [("0.6.18.post1", "2048"), ("0.7.2.post1", "run time")])
 def test_flashinfer_sparse_mla_at_nope_mla_pads_shapes_fits_gb10(version, topk):
@@ -177,7 +271,22 @@ def test_cli_table_and_json_of_the_pinned_release():
     assert result["limits"]["smem_per_block"] == GB10_SMEM_OPTIN
     assert {k["unit"] for k in result["kernels"]} == {"vllm-persistent-topk", "flashinfer-sparse-mla"}
     table = run_patchkit("verify", "--kernels", "--compile", timeout=3600, address_space=False)
-    assert table.code == 0 and "persistent_topk_kernel<512, 4u>" in table.stdout and "101,376" in table.stdout
+    # "<512, 4u>" on 0.33.0, "<512, 4u, float>" where the launchers are templated on the logits' type (0.34.0)
+    assert table.code == 0 and "persistent_topk_kernel<512, 4u" in table.stdout and "101,376" in table.stdout
+
+
+@pytest.mark.network
+def test_cli_of_034_prints_the_bf16_refusal_with_its_evidence_once():
+    """From the cache the 0.34.0 test filled: exit 0 (the refusal is off GLM-5.3's path), the evidence in the
+    JSON rows and printed once under the table, not once per entry."""
+    out = run_patchkit("verify", "--kernels", "--compile", "--versions", "0.34.0", "--json", timeout=3600,
+                       address_space=False)
+    assert out.code == 0, out.output[-3000:]
+    bf16 = [k for k in json.loads(out.stdout)["kernels"] if k["kernel"] == BF16]
+    assert len(bf16) == 18 and all(k["ok"] and len(k["evidence"]) == 6 for k in bf16)
+    table = run_patchkit("verify", "--kernels", "--compile", "--versions", "0.34.0", timeout=3600, address_space=False)
+    assert table.code == 0 and table.stdout.count("csrc/topk.cu:41-43: the host refuses it below 131,072 B") == 1
+    assert "vllm/models/glm5next/nvidia/sparse_indexer.py:668-699: its decode top-k is handed" in table.stdout
 
 
 def test_without_nvcc_it_says_so_and_exits_2(tmp_path):

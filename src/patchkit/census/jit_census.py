@@ -5,7 +5,9 @@ registers within 255 a thread and a block's registers within the SM's 65,536.
 
 A kernel whose request exceeds GB10 fails the check (exit 1), and so does a kernel whose request cannot be
 read from its release's source (no budget known, a launch site more than the gates seen): a census that
-guesses would pass a release it cannot judge. No nvcc, no torch headers for vLLM's translation unit, a
+guesses would pass a release it cannot judge. A kernel its host refuses on GB10 (raises, no fallback) passes
+only where the release's own Python shows GLM-5.3's path never calls it (reach.py, the file:lines in the row's
+`evidence`). No nvcc, no torch headers for vLLM's translation unit, a
 source that does not compile for a missing header: exit 2, nothing judged.
 
 Compiled once per (sdist sha256, unit, nvcc version, flags, torch version): the ptxas report and the
@@ -44,6 +46,7 @@ from patchkit.census.jit_units import (
     Kernel,
     Unit,
 )
+from patchkit.census.reach import follow, lines, read_sources
 from patchkit.errors import PatchkitError
 from patchkit.sources.archives import TarGzArchive
 from patchkit.sources.cache import ArchiveCache, atomic_write, default_cache_root, user_secret
@@ -78,6 +81,7 @@ class Row:
     verdict: str = ""
     ok: bool = False
     warnings: list[str] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)  # "file:lines: what it shows", where a verdict rests on them
 
     def to_dict(self) -> dict:
         return {**asdict(self), "limit_smem": GB10_SMEM_OPTIN}
@@ -106,7 +110,7 @@ def census(dist: str, version: str, *, progress: bool = False) -> list[Row]:
     """Every unit of `dist` `version`'s layout compiled (or read from the cache) and judged."""
     nvcc, nvcc_version = find_nvcc()
     cache = ArchiveCache()
-    open_release(dist, version, cache=cache, progress=progress)  # downloads and verifies once
+    source = open_release(dist, version, cache=cache, progress=progress)  # downloads and verifies once
     archive = cache.lookup(dist, version)
     if archive is None:  # verified a moment ago: another process dropped it from the cache meanwhile
         raise PatchkitError(f"{dist} {version}: the archive just verified left the cache {cache.downloads}; run again")
@@ -119,7 +123,8 @@ def census(dist: str, version: str, *, progress: bool = False) -> list[Row]:
         if found is None:
             found = _compile(unit, kernels, archive.path, nvcc, torch, f"{dist} {version}")
             _store(key, found)
-        rows += judge(unit, kernels, version, found)
+        steps = {route.file for kernel in kernels for route in kernel.unreached}
+        rows += judge(unit, kernels, version, found, read_sources(source, steps | set(unit.host)) if steps else {})
     return rows
 
 
@@ -292,14 +297,17 @@ def _budget_values(ptx: str) -> dict[str, list[int]]:
     return values
 
 
-def judge(unit: Unit, kernels: list[Kernel], version: str, found: dict) -> list[Row]:
+def judge(unit: Unit, kernels: list[Kernel], version: str, found: dict,
+          sources: dict[str, str | None] | None = None) -> list[Row]:
     """One row per kernel entry and target; a kernel compiled for no entry, or an entry of no known kernel,
-    is a failing row, as is a compile that failed."""
+    is a failing row, as is a compile that failed. `sources`: the files the `unreached` steps and the host's lines are read from."""
     if found.get("error"):
         return [Row(unit.name, version, "(all)", "", "(the probe)", arch, verdict=f"DOES NOT COMPILE: {found['error']}")
                 for arch in ARCHS]
     entries = ptxas.parse(found["ptxas"], f"{unit.name} {version}")
     names = demangle([e.kernel for e in entries])
+    sources = sources or {}
+    host_name = next((h for h in unit.host if sources.get(h) is not None), "the host code")
     rows, seen = [], set()
     for entry in entries:
         if any(re.search(p, entry.kernel) for p in unit.ignore):
@@ -314,20 +322,24 @@ def judge(unit: Unit, kernels: list[Kernel], version: str, found: dict) -> list[
             seen.add((index, entry.arch))
             dynamic, threads = found["budget"].get(entry.arch, {}).get(str(index), [0, 0])
             row.dynamic_smem, row.threads = dynamic, threads
-            _verdict(row, kernels[index], found["host"])
+            _verdict(row, kernels[index], found["host"], host_name, sources)
         rows.append(row)
     rows += [Row(unit.name, version, k.name, "", k.instance or k.name, arch, verdict="NOT COMPILED: no such entry")
              for i, k in enumerate(kernels) for arch in ARCHS if (i, arch) not in seen]
     return rows
 
 
-def _verdict(row: Row, kernel: Kernel, host: str) -> None:
+def _verdict(row: Row, kernel: Kernel, host: str, host_name: str, sources: dict[str, str | None]) -> None:
     if kernel.gates:
-        needs = [int(m.group(1)) * 1024 for g in kernel.gates for m in [re.search(g, host, re.S)] if m]
+        gates = [m for g in kernel.gates for m in [re.search(g, host, re.S)] if m]
+        needs = [int(m.group(1)) * 1024 for m in gates]
         sites = len(re.findall(kernel.launch_sites, host))
         if len(needs) != len(kernel.gates) or sites != len(kernel.gates):
             row.verdict = (f"NO BUDGET KNOWN: {len(needs)} of {len(kernel.gates)} opt-in gates found before its "
                            f"{sites} launch sites in the host code")
+            return
+        if min(needs) > GB10_SMEM_OPTIN and kernel.unreached:
+            _refused(row, kernel, min(needs), f"{host_name}:{', '.join(lines(host, m) for m in gates)}", sources)
             return
         if min(needs) > GB10_SMEM_OPTIN:
             row.ok, row.verdict = True, f"not launched on GB10 (host needs >= {min(needs):,} B opt-in)"
@@ -350,6 +362,19 @@ def _verdict(row: Row, kernel: Kernel, host: str) -> None:
     row.ok = not problems
     row.verdict = "EXCEEDS GB10: " + "; ".join(problems) if problems else (
         "fits (its launcher sizes it to the opt-in)" if kernel.sized_to_optin else "fits")
+
+
+def _refused(row: Row, kernel: Kernel, need: int, where: str, sources: dict[str, str | None]) -> None:
+    """A kernel whose host raises below `need` bytes of opt-in (no fallback): a finding on GB10, fine only where
+    every step of `unreached` shows GLM-5.3's path never calls it."""
+    reach = follow(kernel.unreached, sources)
+    row.evidence = [f"{where}: the host refuses it below {need:,} B of opt-in shared memory a block", *reach.evidence]
+    refusal = f"refused on GB10 (host needs >= {need:,} B opt-in, {where})"
+    if reach.problem:
+        row.verdict = f"REFUSED ON GB10 AND NOT SHOWN OFF GLM-5.3'S PATH: {refusal}; {reach.problem}"
+    else:
+        row.ok = True
+        row.verdict = f"{refusal}; off GLM-5.3's path on cc 12.1 ({len(reach.evidence)} steps in the evidence)"
 
 
 def demangle(names: list[str]) -> dict[str, str]:

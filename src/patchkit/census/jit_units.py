@@ -10,7 +10,9 @@ Two things the GLM-5.3 path on GB10 compiles from source rather than loading fro
   -DENABLE_FP8, RelWithDebInfo's -O2 -DNDEBUG; host -g left out, it does not touch device code), against
   torch's C++ headers. Its kernel's dynamic shared memory is sized at launch to the device
   (`sharedMemPerBlockOptin`), so the budget is the host code's rule, checked in the source by `sized_to_optin`;
-  the kernels it launches only on devices with more opt-in shared memory carry that `gates`.
+  the kernels it launches only on devices with more opt-in shared memory carry that `gates`. From 0.34 the
+  launchers are templated on the logits' type (float, bf16) and the bf16 persistent top-k is refused, not
+  replaced, below 128 KiB: a gate with `unreached`, the steps that keep GLM-5.3 off it (reach.py).
 - FlashInfer's FLASHINFER_MLA_SPARSE_SM120 module (JIT-compiled by flashinfer-python on 12.x, with FlashInfer's
   own JIT flags: C++17, -O3, -use_fast_math, its FLASHINFER_ENABLE_* switches, its vendored CCCL first, then
   its include/, CUTLASS and spdlog). Its dispatch translation units instantiate every model family and head
@@ -50,6 +52,20 @@ class Kernel:
     gates: tuple[str, ...] = ()           # host-source patterns capturing the KiB of opt-in each launch needs
     launch_sites: str = ""                # host-source pattern: one match per launch, as many as `gates`
     versions: str = ""                    # PEP 440 range of the releases that have it (default: all)
+    # For a gate that refuses the call (the host raises) where the others fall back to another kernel: the steps
+    # of the release's Python code that keep GLM-5.3 on GB10 from calling it; every one must be found (reach.py).
+    unreached: tuple[Route, ...] = ()
+
+
+@dataclass(frozen=True)
+class Route:
+    """A step of GLM-5.3's path on GB10 read in the release's own source: `pattern` (a regex, re.S) matches `file`
+    (relative to the sdist's top) once, or, with `each`, once per match of `each` (every call site accounted)."""
+
+    file: str
+    pattern: str
+    says: str        # what the match shows, as the finding states it
+    each: str = ""
 
 
 @dataclass(frozen=True)
@@ -70,28 +86,65 @@ class Unit:
     ignore: tuple[str, ...] = ()  # entries compiled but never launched (cub's EmptyKernel)
 
 
-_FILTERED_LAUNCH = r"FilteredTopKRaggedTransform<float, int32_t, TopK>\("
+def _filtered(in_type: str, versions: str) -> Kernel:
+    """FilteredTopK, launched where the opt-in is >= 128 KiB, else the host falls back to persistent top-k."""
+    launch = rf"FilteredTopKRaggedTransform<{in_type}, int32_t, TopK>\("
+    return Kernel(
+        "FilteredTopKUnifiedKernel", r"FilteredTopKUnifiedKernel", "vllm::filtered_topk::FILTERED_TOPK_BLOCK_THREADS",
+        dynamic="vllm::filtered_topk::FILTERED_TOPK_SMEM_DYNAMIC", versions=versions,
+        gates=(r"num_rows > 32 && max_smem_per_block >= (\d+) \* 1024\) \{\s*cudaError_t status =\s*vllm::" + launch,
+               r"if \(max_smem_per_block < (\d+) \* 1024\) \{[^}]*top_k_per_row_decode\([^}]*return;\s*\}\s*"
+               r"cudaError_t status =\s*vllm::" + launch),
+        launch_sites=launch)
+
+
+def _sampled(instance: str, versions: str) -> Kernel:
+    return Kernel(
+        "sampled_topk_kernel", r"sampled_topk_kernel", "vllm::sampled_topk::kThreads",
+        dynamic="vllm::filtered_topk::FILTERED_TOPK_SMEM_DYNAMIC", versions=versions,
+        gates=(rf"max_smem_per_block >= (\d+) \* 1024\) \{{\s*auto kernel = vllm::sampled_topk::{instance};",),
+        launch_sites=r"kernel<<<num_rows, vllm::sampled_topk::kThreads,")
+
+
+_GLM_INDEXER = "vllm/models/glm5next/nvidia/sparse_indexer.py"
+# 0.34.0 templates the launchers on the logits' type: its bf16 persistent top-k is refused below 128 KiB of opt-in
+# (csrc/topk.cu: STD_TORCH_CHECK, no fallback), so it must be off GLM-5.3's path on GB10, and these say why.
+_BF16_UNREACHED = (
+    Route("vllm/models/glm5next/sparse_indexer.py", r"else:\s*from \.nvidia\.sparse_indexer import",
+          "GLM-5.3's indexer off ROCm is nvidia/sparse_indexer.py"),
+    Route(_GLM_INDEXER, r"from vllm\.model_executor\.layers\.sparse_attn_indexer import \([^)]*\bas_fp32_logits\b",
+          "it takes as_fp32_logits from the shared sparse_attn_indexer"),
+    Route(_GLM_INDEXER, r"logits = as_fp32_logits\((?:(?!\n\s*logits = ).)*?\n\s*get_indexer_topk\(\w+\)\(\s*logits,",
+          "its decode top-k is handed the as_fp32_logits result", each=r"get_indexer_topk\(\w+\)\(|persistent_topk\("),
+    Route("vllm/model_executor/layers/sparse_attn_indexer.py",
+          r"def as_fp32_logits\((?:(?!\ndef ).)*?if logits\.dtype == torch\.float32:\s*return logits\s*out = torch\.empty_strided\("
+          r"\s*logits\.shape, logits\.stride\(\), dtype=torch\.float32",
+          "as_fp32_logits returns float32 logits"),
+    Route("vllm/model_executor/layers/indexer_topk.py",
+          r"def takes_bf16_logits\((?:(?!\n    def ).)*?return \(\s*self\._backend in \(\"auto\", \"persistent\"\)\s*and self\._is_cuda"
+          r"\s*and current_platform\.is_device_capability_family\(100\)",
+          "the shared top-k selector keeps bf16 logits for persistent top-k only on the 10.x family"),
+)
+_PERSISTENT = Kernel(
+    "persistent_topk_kernel", r"persistent_topk_kernel", "vllm::persistent::kThreadsPerBlock",
+    dynamic="vllm::persistent::kSmemMedium",
+    sized_to_optin=(r"max_smem_per_block = device_prop->sharedMemPerBlockOptin;",
+                    r"effective_max_smem =\s*std::min\(max_smem_per_block, static_cast<int>\(P::kSmemMedium\)\);",
+                    r"effective_max_smem = std::min\(max_smem_per_block, kSmemCapMedium\);",
+                    r"effective_max_smem = max_smem_per_block;",
+                    r"static_cast<size_t>\(effective_max_smem\) - P::kFixedSmemLarge;",
+                    r"if \(chunk_size > max_chunk_elements\) chunk_size = max_chunk_elements;",
+                    r"if \(smem_size < P::kSmemMedium\) smem_size = P::kSmemMedium;"))
 _TOPK_KERNELS = (
-    Kernel("persistent_topk_kernel", r"persistent_topk_kernel", "vllm::persistent::kThreadsPerBlock",
-           dynamic="vllm::persistent::kSmemMedium",
-           sized_to_optin=(r"max_smem_per_block = device_prop->sharedMemPerBlockOptin;",
-                           r"effective_max_smem =\s*std::min\(max_smem_per_block, static_cast<int>\(P::kSmemMedium\)\);",
-                           r"effective_max_smem = std::min\(max_smem_per_block, kSmemCapMedium\);",
-                           r"effective_max_smem = max_smem_per_block;",
-                           r"static_cast<size_t>\(effective_max_smem\) - P::kFixedSmemLarge;",
-                           r"if \(chunk_size > max_chunk_elements\) chunk_size = max_chunk_elements;",
-                           r"if \(smem_size < P::kSmemMedium\) smem_size = P::kSmemMedium;")),
-    Kernel("FilteredTopKUnifiedKernel", r"FilteredTopKUnifiedKernel", "vllm::filtered_topk::FILTERED_TOPK_BLOCK_THREADS",
-           dynamic="vllm::filtered_topk::FILTERED_TOPK_SMEM_DYNAMIC",
-           gates=(r"num_rows > 32 && max_smem_per_block >= (\d+) \* 1024\) \{\s*cudaError_t status =\s*"
-                  + r"vllm::" + _FILTERED_LAUNCH,
-                  r"if \(max_smem_per_block < (\d+) \* 1024\) \{[^}]*top_k_per_row_decode\([^}]*return;\s*\}\s*"
-                  r"cudaError_t status =\s*vllm::" + _FILTERED_LAUNCH),
-           launch_sites=_FILTERED_LAUNCH),
-    Kernel("sampled_topk_kernel", r"sampled_topk_kernel", "vllm::sampled_topk::kThreads",
-           dynamic="vllm::filtered_topk::FILTERED_TOPK_SMEM_DYNAMIC", versions=">=0.32",
-           gates=(r"max_smem_per_block >= (\d+) \* 1024\) \{\s*auto kernel = vllm::sampled_topk::sampled_topk_kernel<TopK>;",),
-           launch_sites=r"kernel<<<num_rows, vllm::sampled_topk::kThreads,"),
+    # first: an entry is the first kernel whose `match` it meets, and the float one's matches the bf16 entries too
+    Kernel("persistent_topk_kernel (bf16 logits)", r"persistent_topk_kernelILi\d+ELj\d+E13__nv_bfloat16E",
+           "vllm::persistent::kThreadsPerBlock", dynamic="vllm::persistent::kSmemMedium", versions=">=0.34",
+           gates=(r"STD_TORCH_CHECK\(\s*sizeof\(InT\) == sizeof\(float\) \|\| max_smem_per_block >= (\d+) \* 1024,"
+                  r"\s*\"bfloat16 persistent_topk requires",),
+           launch_sites=r"launch_persistent_topk<TopK, __nv_bfloat16>\(", unreached=_BF16_UNREACHED),
+    _PERSISTENT,
+    _filtered("float", "<0.34"), _filtered("InT", ">=0.34"),
+    _sampled("sampled_topk_kernel<TopK>", ">=0.32,<0.34"), _sampled("sampled_topk_kernel<TopK, InT>", ">=0.34"),
 )
 
 VLLM_TOPK = Unit(

@@ -173,6 +173,12 @@ def _jit_census(versions: str | None, as_json: bool) -> None:
             table.add_row(shown, row.arch, str(row.registers), f"{row.spills:,}", f"{row.static_smem:,}",
                           f"{row.dynamic_smem:,}", f"{result['limits']['smem_per_block']:,}", verdict)
         console.print(table)
+        # once per kernel, not per entry: the release's file:lines a verdict rests on (a refusal and its reach)
+        for (kernel, verdict, ok), evidence in {(r.kernel, r.verdict, r.ok): r.evidence for r in rows
+                                                if r.unit == unit and r.evidence}.items():
+            console.print(f"{kernel}: {verdict}", style="green" if ok else "red", markup=False)
+            for line in evidence:
+                console.print(f"  {line}", markup=False)
     if companion is None:
         console.print(f"[yellow]vLLM {version} pins no flashinfer-python (requirements/cuda.txt): its sparse MLA not compiled[/]")
     elif companion.finding:

@@ -285,6 +285,15 @@ def patched_files(loaded) -> list[tuple]:
     return [(f.path, f.data, f.mode, f.uid, f.gid) for f in loaded.prepared.files]
 
 
+def shut(*sockets: socket.socket) -> None:
+    """Shut both ways each socket of a proxied connection (the other side's pipe then sees its end)."""
+    for s in sockets:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class CountingProxy:
     """A unix socket forwarding every connection to the engine's, counting the bytes each way: what a build
     moved to and from the engine, measured on the wire, not by patchkit's own account."""
@@ -329,8 +338,4 @@ class CountingProxy:
         except OSError:
             pass
         finally:
-            for s in (source, dest):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            shut(source, dest)

@@ -30,6 +30,7 @@ from engines import (  # noqa: F401
     engine_service,
     podman_service,
     sdk_client,
+    shut,
 )
 from hostile import assert_refused, run_patchkit
 from patchkit.images.leftovers import HOLD_TAG, IMAGE_LABEL, recover
@@ -116,11 +117,7 @@ class FaultProxy:
                 pass
             finally:
                 done.set()
-                for s in (client, upstream):
-                    try:
-                        s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
+                shut(client, upstream)
 
         threading.Thread(target=answers, daemon=True).start()
         try:
@@ -141,11 +138,7 @@ class FaultProxy:
         except OSError:
             pass
         finally:
-            for s in (client, upstream):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            shut(client, upstream)
             done.wait(30)
             client.close()
             upstream.close()
@@ -244,6 +237,43 @@ def fault_one_load(engine_service, engine_client, tmp_path, ref, cache, epoch, a
 
 
 @pytest.mark.registry
+def test_engine_faults_while_moving_the_tags_onto_an_image_the_engine_holds(
+        engine_service, engine_client, engine_realistic, tmp_path):
+    """The no-op rebuild (images.reuse: the engine holds the image, only the tags move) under the same sweep:
+    two images of the same inputs but their epoch, each kept by a name of the user's, and each load asks
+    for the one `:latest` is not on; no load builds (no /build request), every fault leaves the tags whole.
+    First in the module: on podman, the step image of a build whose image a later build untagged can stay
+    behind where recover does not remove it (seen after the build sweep's last build; not this route's)."""
+    ref, cache = warm(engine_service, engine_realistic, tmp_path)
+    epochs = {}
+    for epoch, keep in ((1_700_000_000, "a"), (1_700_000_500, "b")):
+        if keep == "b":
+            assert load(engine_service.url, ref, cache, epoch).code == 0
+        engine_client.api.tag(tags(engine_client)[LATEST], "keep/held", keep)
+        epochs[tags(engine_client)[LATEST]] = epoch
+
+    next_contact(engine_service)
+    assert_recovered(engine_client, "two images held", tags(engine_client)[LATEST], False)
+
+    def other() -> int:
+        return next(e for i, e in epochs.items() if i != tags(engine_client)[LATEST])
+
+    counting = FaultProxy(tmp_path / "count.sock", engine_service.url, engine_service.kill)
+    clean = load(counting.url, ref, cache, other())
+    counting.close()
+    assert clean.code == 0 and "only the tags move" in " ".join(clean.stderr.split()), clean.output[-3000:]
+    total = counting.count
+    assert 5 <= total <= 30 and not [p for _, p in counting.requests if b"/build?" in p], counting.requests
+    started = time.monotonic()
+    cases = [(a, n) for a in ("drop", "kill", "garble") for n in range(1, total + 1)]
+    for action, at in cases:
+        fault_one_load(engine_service, engine_client, tmp_path, ref, cache, other(), action, at, total)
+    assert set(tags(engine_client).values()) <= set(epochs), "no load built an image: each moved tags only"
+    print(f"{engine_service.kind}: {len(cases)} faulted tag moves over {total} requests in "
+          f"{time.monotonic() - started:.0f} s")
+
+
+@pytest.mark.registry
 def test_engine_faults_at_every_request_of_a_load_are_exit_2_and_leave_consistent_tags(
         engine_service, engine_client, engine_realistic, tmp_path):
     ref, cache = warm(engine_service, engine_realistic, tmp_path)
@@ -274,38 +304,6 @@ def test_engine_faults_at_every_request_of_a_load_are_exit_2_and_leave_consisten
     named = tags(engine_client)
     assert named[LATEST] == image_id and image_id in {i for t, i in named.items() if t.startswith(VERSIONED_PREFIX)}
     print(f"{engine_service.kind}: {len(cases)} faulted builds over {total} requests in "
-          f"{time.monotonic() - started:.0f} s")
-
-
-@pytest.mark.registry
-def test_engine_faults_while_moving_the_tags_onto_an_image_the_engine_holds(
-        engine_service, engine_client, engine_realistic, tmp_path):
-    """The no-op rebuild (images.reuse: the engine holds the image, only the tags move) under the same sweep:
-    two images of the same inputs but their epoch, each kept by a name of the user's, and each load asks
-    for the one `:latest` is not on; no load builds (no /build request), every fault leaves the tags whole."""
-    ref, cache = warm(engine_service, engine_realistic, tmp_path)
-    epochs = {}
-    for epoch, keep in ((1_700_000_000, "a"), (1_700_000_500, "b")):
-        if keep == "b":
-            assert load(engine_service.url, ref, cache, epoch).code == 0
-        engine_client.api.tag(tags(engine_client)[LATEST], "keep/held", keep)
-        epochs[tags(engine_client)[LATEST]] = epoch
-
-    def other() -> int:
-        return next(e for i, e in epochs.items() if i != tags(engine_client)[LATEST])
-
-    counting = FaultProxy(tmp_path / "count.sock", engine_service.url, engine_service.kill)
-    clean = load(counting.url, ref, cache, other())
-    counting.close()
-    assert clean.code == 0 and "only the tags move" in " ".join(clean.stderr.split()), clean.output[-3000:]
-    total = counting.count
-    assert 5 <= total <= 30 and not [p for _, p in counting.requests if b"/build?" in p], counting.requests
-    started = time.monotonic()
-    cases = [(a, n) for a in ("drop", "kill", "garble") for n in range(1, total + 1)]
-    for action, at in cases:
-        fault_one_load(engine_service, engine_client, tmp_path, ref, cache, other(), action, at, total)
-    assert set(tags(engine_client).values()) <= set(epochs), "no load built an image: each moved tags only"
-    print(f"{engine_service.kind}: {len(cases)} faulted tag moves over {total} requests in "
           f"{time.monotonic() - started:.0f} s")
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -156,8 +158,6 @@ class DockerdService(Engine):
         return self.url
 
     def _pings(self) -> bool:
-        import socket
-
         if not self.sock.exists():
             return False
         try:
@@ -283,3 +283,59 @@ def pull_realistic(registry_server, client) -> tuple[str, dict]:
 def patched_files(loaded) -> list[tuple]:
     """A build's patched files as (path, bytes, mode, uid, gid), for comparing two builds."""
     return [(f.path, f.data, f.mode, f.uid, f.gid) for f in loaded.prepared.files]
+
+
+def shut(*sockets: socket.socket) -> None:
+    """Shut both ways each socket of a proxied connection (the other side's pipe then sees its end)."""
+    for s in sockets:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+class CountingProxy:
+    """A unix socket forwarding every connection to the engine's, counting the bytes each way: what a build
+    moved to and from the engine, measured on the wire, not by patchkit's own account."""
+
+    def __init__(self, path: Path, upstream: str):
+        self.path, self.upstream = path, upstream.removeprefix("unix://")
+        self.sent = self.received = 0
+        self._lock = threading.Lock()
+        path.unlink(missing_ok=True)
+        self._server = socket.socket(socket.AF_UNIX)
+        self._server.bind(str(path))
+        self._server.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.path}"
+
+    def __enter__(self) -> CountingProxy:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(self.upstream)
+            threading.Thread(target=self._pipe, args=(client, upstream, "sent"), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, "received"), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, dest: socket.socket, counter: str) -> None:
+        try:
+            while data := source.recv(65536):
+                with self._lock:
+                    setattr(self, counter, getattr(self, counter) + len(data))
+                dest.sendall(data)
+        except OSError:
+            pass
+        finally:
+            shut(source, dest)

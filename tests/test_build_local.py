@@ -9,6 +9,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import tarfile
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ import git
 import pytest
 
 from engines import (  # noqa: F401
+    CountingProxy,
     client,
     dockerd_service,
     engine,
@@ -138,6 +140,57 @@ def test_a_rebuild_on_the_same_base_asks_the_engine_for_nothing(realistic, clien
     absent = sum(r == "absent" for r in records.values())
     assert 0 < absent == reread.prepared.source.requests and patched_files(reread) == patched_files(first)
     assert not client.containers.list(all=True), "every container made to read from is gone"
+
+
+def _named(client) -> dict[str, str]:
+    """This image's tags in the engine: name -> image id."""
+    return {t.removeprefix("docker.io/").removeprefix("localhost/"): i.id
+            for i in client.images.list(name=f"patchkit/{IMAGE}") for t in i.tags}
+
+
+@pytest.mark.registry
+def test_a_rebuild_of_an_unchanged_image_moves_only_its_tags(engine_realistic, engine_client, engine, tmp_path):
+    """The engine already holds the image (found by the content key patchkit labels it with): only the tags
+    move, under 1 MiB on the wire (counted by a proxy, both ways). A patched byte changed rebuilds and sends
+    its layer; the unchanged image built again after it is found again and gets `:latest` back."""
+    ref, _ = engine_realistic
+    latest = f"patchkit/{IMAGE}:latest"
+
+    def measured(**kw):
+        with CountingProxy(tmp_path / "count.sock", engine) as proxy:
+            built = build(IMAGE, base=ref, load=True, engine_url=proxy.url, revision=REVISION, source_url=SOURCE,
+                          epoch=EPOCH + 7, cache=tmp_path / "cache", **kw).built
+        print(f"{engine}: {built.local_tag} {built.image_id[:19]} sent {built.sent} B of context, "
+              f"{proxy.sent} B to and {proxy.received} B from the engine")
+        return built, proxy.sent + proxy.received
+
+    first, moved_first = measured()
+    wheels = sum(len(f.data) for f in first.prepared.extras.files)
+    assert first.sent > 0 and moved_first > first.sent, "the first build sends its layer"
+    assert _named(engine_client)[latest] == _named(engine_client)[first.local_tag] == first.image_id
+
+    again, moved = measured()
+    assert moved < 1 << 20 < wheels, (moved, wheels)
+    assert (again.image_id, again.sent, again.prepared.source.requests) == (first.image_id, 0, 0)
+    named = _named(engine_client)
+    assert named[latest] == named[first.local_tag] == first.image_id
+
+    patches = shutil.copytree(Path(__file__).resolve().parents[1] / "patches", tmp_path / "patches")
+    defs = patches / "packed-modules-4p67" / "model_defs.py.txt"
+    defs.write_text(defs.read_text() + "# one byte changed\n")
+    changed, moved_changed = measured(patches_dir=patches)
+    assert patched_files(changed) != patched_files(first) and changed.local_tag != first.local_tag
+    assert changed.image_id != first.image_id and moved_changed > changed.sent > 0, "rebuilt, its layer sent"
+    named = _named(engine_client)
+    assert named[latest] == named[changed.local_tag] == changed.image_id
+    assert named[first.local_tag] == first.image_id
+
+    back, moved_back = measured()
+    assert back.image_id == first.image_id and back.sent == 0 and moved_back < 1 << 20, moved_back
+    named = _named(engine_client)
+    assert named[latest] == named[first.local_tag] == first.image_id
+    assert named[changed.local_tag] == changed.image_id
+    assert not [t for t in named if ":was-latest." in t], named
 
 
 @pytest.mark.registry

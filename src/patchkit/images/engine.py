@@ -14,7 +14,7 @@ import io
 import json
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +22,7 @@ from patchkit import __version__
 from patchkit.engine import EngineError, answer, connect, engine_faults, engine_step, explain
 from patchkit.errors import PatchkitError
 from patchkit.images.assemble import Built
-from patchkit.images.leftovers import IMAGE_LABEL, hold_tag, put_back_latest, recover
+from patchkit.images.leftovers import IMAGE_LABEL, bare_name, hold_tag, put_back_latest, recover
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
 
@@ -132,7 +132,38 @@ def engine_build(client, context: Path | bytes, tags: Tags, platform: str, progr
     if image_id is None:
         raise EngineError("building the image", "the build stream ended without the image id", clean=(
             _build_leftovers(client, tags, previous, steps)))
-    with engine_step("reading back the tags", lambda: _build_leftovers(client, tags, previous, steps, image_id)):
+    _settle(client, image_id, tags, previous, lambda: _build_leftovers(client, tags, previous, steps, image_id),
+            progress)
+    return image_id
+
+
+def engine_retag(client, image_id: str, tags: Tags, progress: Progress) -> str:
+    """Move `tags` onto `image_id`, the image the engine already holds for this build (images.reuse), under
+    engine_build's invariant and in its steps: nothing where every tag names it already; else `:latest`
+    marked and taken off, the tags set one request each, `:latest` last, read back, the mark removed."""
+    with engine_step("reading the tags of the image the engine holds"):
+        have = {bare_name(t) for t in client.api.inspect_image(image_id).get("RepoTags") or [] if isinstance(t, str)}
+    if set(tags.all) <= have:
+        return image_id
+    previous = _untag_latest(client, tags.latest)
+
+    def left() -> list[str]:
+        said = [f"`docker image inspect {tags.versioned} {tags.latest}` shows whether both name {image_id[:19]}"]
+        restored = _restore(client, tags.latest, previous)
+        return [restored, *said] if restored else said
+
+    with engine_step("moving the tags onto the image the engine holds", left):
+        for tag in [tags.versioned, *tags.push, tags.latest]:
+            repo, _, name = tag.rpartition(":")
+            client.api.tag(image_id, repo, name)
+    _settle(client, image_id, tags, previous, left, progress)
+    return image_id
+
+
+def _settle(client, image_id: str, tags: Tags, previous: str | None, left: Callable[[], list[str]],
+            progress: Progress) -> None:
+    """Step 3 of engine_build: both tags read back on `image_id` (else refused), then the mark removed."""
+    with engine_step("reading back the tags", left):
         named = {tag: client.api.inspect_image(tag).get("Id") for tag in (tags.versioned, tags.latest)}
     if set(named.values()) != {image_id}:
         raise EngineError("reading back the tags", "the engine moved them elsewhere",
@@ -144,7 +175,6 @@ def engine_build(client, context: Path | bytes, tags: Tags, platform: str, progr
         except engine_faults() as exc:
             progress.note(f"the engine did not remove the mark {hold} ({answer(exc, 300)}): `docker rmi {hold}` "
                           "removes it (the next patchkit build does)")
-    return image_id
 
 
 # A finished step's image in the build stream: Docker's classic builder ` ---> 0123456789ab`, podman's `--> 0123456789a`

@@ -60,6 +60,7 @@ class LocalBase(Base):
 
     image_id: str          # always known: the engine found the image by it
     from_ref: str          # what the Dockerfile's FROM names (resolved locally, never pulled)
+    layers: tuple[str, ...] = ()   # its RootFS diff_ids, as the engine lists them (images.reuse checks them)
 
 
 def cache_key(image_id: str, platform) -> str:

@@ -93,7 +93,8 @@ def is_over(run: str) -> bool:
     return now != ticks
 
 
-def _name(tag: str) -> str:
+def bare_name(tag: str) -> str:
+    """A tag as patchkit names it: without the registry an engine may prefix (podman: localhost/)."""
     return tag.removeprefix("localhost/").removeprefix("docker.io/")
 
 
@@ -103,7 +104,7 @@ def put_back_latest(client, latest: str, previous: str) -> str | None:
     names; the image it was put on, None where `latest` is there (or nothing can carry it)."""
     repo = latest.rpartition(":")[0]
     summaries = client.api.images(name=repo)
-    named = {_name(t): s["Id"] for s in summaries for t in s.get("RepoTags") or [] if "<none>" not in t}
+    named = {bare_name(t): s["Id"] for s in summaries for t in s.get("RepoTags") or [] if "<none>" not in t}
     if latest in named:
         return None
     created = {s["Id"]: int(s.get("Created") or 0) for s in summaries}
@@ -130,7 +131,7 @@ def recover(client, note: Callable[[str], None] = lambda _: None) -> list[str]:
                     continue
                 done.append(f"removed container {summary['Id'][:12]} an earlier run made")
         images = client.api.images()
-        named = {_name(t): s["Id"] for s in images for t in s.get("RepoTags") or [] if "<none>" not in t}
+        named = {bare_name(t): s["Id"] for s in images for t in s.get("RepoTags") or [] if "<none>" not in t}
         unmarked: set[str] = set()
         for tag, image_id in sorted(named.items()):
             hold = _HOLD.fullmatch(tag)
@@ -145,7 +146,7 @@ def recover(client, note: Callable[[str], None] = lambda _: None) -> list[str]:
                 pass
             unmarked.add(tag)
         for summary in images:   # untagged now: a mark removed above may have been an image's last name
-            tags = [t for t in summary.get("RepoTags") or [] if "<none>" not in t and _name(t) not in unmarked]
+            tags = [t for t in summary.get("RepoTags") or [] if "<none>" not in t and bare_name(t) not in unmarked]
             if tags or IMAGE_LABEL not in (summary.get("Labels") or {}):
                 continue
             try:

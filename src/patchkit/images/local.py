@@ -12,6 +12,8 @@ engine (a Spark owner pulled it to run it), so only the patched files move.
    the patched files, mode and owner as in the base, and the pinned wheels' files), and let the engine
    build it: the base's layers stay where they are. The build moves
    the versioned tag and `:latest` together (images.engine.engine_build says how) and pushes `--push`.
+   An image the engine already holds from the same inputs (images.reuse: found by the content key it is
+   labelled with) is not built again: nothing is sent, only the tags move (images.engine.engine_retag).
 
 Whatever the engine does at any of these steps (errs, drops the connection, is killed, loses a
 container) is an exit-2 error naming the step, what the engine kept and the command clearing it
@@ -28,11 +30,12 @@ from dataclasses import dataclass, field
 from patchkit.engine import EngineError, engine_step, explain
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
-from patchkit.images.engine import dockerfile, engine_build, engine_push, tags_for
+from patchkit.images.engine import dockerfile, engine_build, engine_push, engine_retag, tags_for
 from patchkit.images.engine_files import ContainerSource, LocalBase
 from patchkit.images.labels import describe_image
 from patchkit.images.new_layer import new_layer
 from patchkit.images.prepare import Prepared, is_own_base, package_roots, plan_on
+from patchkit.images.reuse import KEY_LABEL, content_key, held_image
 from patchkit.oci.media import Platform
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
@@ -76,8 +79,10 @@ def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
     digest = ref.digest if ref is not None and ref.digest else next(
         (rd.split("@", 1)[1] for rd in attrs.get("RepoDigests") or []), found.id)
     name = str(ref.with_tag(ref.tag)) if ref is not None else spec
+    layers = (attrs.get("RootFS") or {}).get("Layers") if isinstance(attrs.get("RootFS"), dict) else None
     return LocalBase(spec=spec, name=name, digest=digest, platform=platform, reference=ref, image_id=found.id,
-                     repo_digests=tuple(attrs.get("RepoDigests") or ()), from_ref=from_ref)
+                     repo_digests=tuple(attrs.get("RepoDigests") or ()), from_ref=from_ref,
+                     layers=tuple(str(layer) for layer in layers) if isinstance(layers, list) else ())
 
 
 def prepare_local(image: Image, patchset: PatchSet, client, base: LocalBase, *, explicit: bool,
@@ -134,16 +139,32 @@ def build_local(prepared: Prepared[LocalBase, ContainerSource], client, *, push:
     tags = tags_for(prepared.image.name, meta.tag, push)
     loaded.local_tag = tags.versioned
     layer = new_layer(prepared).engine_tar(meta.epoch)
-    text = dockerfile(prepared.image.name, prepared.base.from_ref, "ADD layer.tar /", meta.labels,
-                      prepared.image.env, labels_first=True).encode()
-    context = io.BytesIO()
-    # The context goes gzip-compressed (Python source packs ~4:1): what is sent is what is counted.
-    with tarfile.open(fileobj=context, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in (("Dockerfile", text), ("layer.tar", layer)):
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(data), meta.epoch, 0o644
-            tar.addfile(info, io.BytesIO(data))
-    loaded.sent = len(context.getvalue())
-    loaded.image_id = engine_build(client, context.getvalue(), tags, str(prepared.base.platform), progress)
+
+    def render(labels: dict[str, str]) -> str:
+        return dockerfile(prepared.image.name, prepared.base.from_ref, "ADD layer.tar /", labels,
+                          prepared.image.env, labels_first=True)
+
+    labels = {**meta.labels, KEY_LABEL: content_key(prepared.base, render(meta.labels), layer)}
+    held = held_image(client, prepared.base, labels, prepared.image.env)
+    if held is not None:   # the same image: only the tags move (images.reuse says why this is needed)
+        progress.note(f"the engine holds this very image ({held[:19]}, {KEY_LABEL}={labels[KEY_LABEL][:19]}): "
+                      "nothing is sent, only the tags move")
+        loaded.image_id = engine_retag(client, held, tags, progress)
+    else:
+        context = _context(render(labels).encode(), layer, meta.epoch)
+        loaded.sent = len(context)
+        loaded.image_id = engine_build(client, context, tags, str(prepared.base.platform), progress)
     loaded.pushed = engine_push(client, loaded.image_id, tags, meta.annotations)
     return loaded
+
+
+def _context(dockerfile_text: bytes, layer: bytes, epoch: int) -> bytes:
+    """The build context: the Dockerfile and the layer tar, gzip-compressed (Python source packs ~4:1):
+    what is sent is what is counted."""
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (("Dockerfile", dockerfile_text), ("layer.tar", layer)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), epoch, 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return context.getvalue()

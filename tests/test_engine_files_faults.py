@@ -152,10 +152,10 @@ BUILD_SCRIPT = textwrap.dedent(f"""
         def put_listing(self, key, listing):
             die()
         cache_mod.FileCache.put_listing = put_listing
-    elif kill_at == "engine-build":
+    elif kill_at == "engine-build":   # the engine's step: a build, or the tags moved onto the image it holds
         def engine_build(*a, **k):
             die()
-        local.engine_build = engine_build
+        local.engine_build = local.engine_retag = engine_build
     result = build("{IMAGE}", base=ref, load=True, engine_url=url, revision="{REVISION}", source_url="{SOURCE}",
                    epoch={EPOCH:d}, cache=Path(cache))
     print(json.dumps({{"requests": result.built.prepared.source.requests,

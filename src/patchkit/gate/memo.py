@@ -83,5 +83,4 @@ def remember(ws: run.Workspace, key: str | None, outcomes: dict[str, str], secon
     if key is None:
         return
     finished = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    _path(ws).parent.mkdir(parents=True, exist_ok=True)
     atomic_write(_path(ws), msgspec.json.encode(Memo(key, finished, seconds, outcomes)))

@@ -148,9 +148,8 @@ def engine_retag(client, image_id: str, tags: Tags, progress: Progress) -> str:
     previous = _untag_latest(client, tags.latest)
 
     def left() -> list[str]:
-        said = [f"`docker image inspect {tags.versioned} {tags.latest}` shows whether both name {image_id[:19]}"]
-        restored = _restore(client, tags.latest, previous)
-        return [restored, *said] if restored else said
+        return _restored_then(client, tags, previous, [
+            f"`docker image inspect {tags.versioned} {tags.latest}` shows whether both name {image_id[:19]}"])
 
     with engine_step("moving the tags onto the image the engine holds", left):
         for tag in [tags.versioned, *tags.push, tags.latest]:
@@ -268,6 +267,11 @@ def _build_leftovers(client, tags: Tags, previous: str | None, steps: list[str],
             f"{image_id[:19] if image_id else 'the build'} (both tags or neither)",
             f"an untagged partial build{' (' + steps[-1] + ')' if steps else ''} is removed by "
             f"`docker image prune -f --filter label={IMAGE_LABEL}` (the next patchkit build does it)"]
+    return _restored_then(client, tags, previous, said)
+
+
+def _restored_then(client, tags: Tags, previous: str | None, said: list[str]) -> list[str]:
+    """`:latest` put back where a cut-off step took it off (_restore's line first, where it says one), then `said`."""
     restored = _restore(client, tags.latest, previous)
     return [restored, *said] if restored else said
 

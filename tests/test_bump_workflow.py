@@ -372,11 +372,12 @@ def test_every_step_of_the_bump_job_runs_in_order_with_a_status_the_workflow_acc
 def test_the_test_step_asks_the_noxfile_and_names_the_releases_sessions(replayed):
     """Where the noxfile lists `release-0.34.0` (it lists a release whose sdist is in the cache, and the
     job's rebase put it there), the step runs the release's tests, necessity and vLLM's own tests, in that
-    order (stood in for here, and said in its log); where it does not, the step says so and runs none."""
+    order, the last with `--fresh` (a new release's stock outcomes are measured, never remembered; stood
+    in for here, and said in its log); where it does not, the step says so and runs none."""
     [step] = [s for s in replayed.steps if "behaviour tests" in s.name]
     if replayed.nox_sessions:
         assert replayed.nox_sessions == [f"-s release-{RELEASE}", f"-s patch-necessity -- {RELEASE}",
-                                         f"-s vllm-tests-{RELEASE}"], replayed.nox_sessions
+                                         f"-s vllm-tests-{RELEASE} -- --fresh"], replayed.nox_sessions
         assert "substituted: not run" in step.output
     else:
         assert f"no nox session release-{RELEASE}" in step.output, step.output

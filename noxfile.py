@@ -421,6 +421,21 @@ def _image_sessions() -> None:
 _image_sessions()
 
 
+@nox.session(name="prove-image", venv_backend="none")
+def prove_image(session: nox.Session) -> None:
+    """`-- LAYOUT[:REF] [VARIANT ...] [--receipt FILE]`: `patchkit smoke-image`, the in-image proof of a built
+    linux/arm64 image (no VARIANT: every variant its label serves), with the `tests` environment's
+    interpreter as the ModelOpt that packs the tiny checkpoints (`nox -s tests --install-only` makes it).
+    As root: the image's Python runs with its root filesystem as / (natively on arm64, else under
+    qemu-user). The publish workflow pushes only the digest this proved (`patchkit build --proven`)."""
+    python = _env_python(PINNED)
+    if not python.exists():
+        session.error(f"{python} missing: run `nox -s tests --install-only` first (its ModelOpt packs the checkpoints)")
+    if not session.posargs:
+        session.error("name the layout: nox -s prove-image -- build/oci [VARIANT ...] [--receipt FILE]")
+    run_patchkit(session, "smoke-image", *session.posargs, "--modelopt-python", str(python))
+
+
 @nox.session(name="arm64-base", venv_backend="none")
 def arm64_base(session: nox.Session) -> None:
     """The realistic linux/arm64 base from real parts (tests/arm64_base.py: Debian trixie's arm64 packages,

@@ -13,6 +13,7 @@ on each."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import os
@@ -597,3 +598,57 @@ def test_an_image_id_is_no_base_reference(tmp_path):
             run_build(IMAGE_4P67, tmp_path, base=spec, output=tmp_path / "oci")
         assert info.value.spec == spec
     assert not is_image_id("vllm/vllm-openai:glm53") and not is_image_id("4f775762eb04")
+
+
+def _receipt(path: Path, digest: str, image: str | None, *, failed: str | None = None) -> Path:
+    """A receipt as `patchkit smoke-image --receipt` writes it (smoke.image_proof.write_receipt), for a proof
+    that `failed` or passed: the in-image run needs the arm64 base (tests/image_proof_arm64.py)."""
+    from patchkit.smoke.image_proof import Check, ImageProof, write_receipt
+
+    proof = ImageProof("build/oci", digest, "linux/arm64", image, [], "3.12.3", None,
+                       checks=[Check("import vllm", failed is None, failed or "")])
+    write_receipt(proof, path)
+    return path
+
+
+@pytest.mark.registry
+def test_a_push_holds_to_the_digest_its_proof_proved(base, base_ref, registry_server, tmp_path):
+    """`build --proven RECEIPT`, as the publish workflow pushes: the proved digest is pushed; a build that
+    came out different (here: another --revision), a failed proof, a proof of another image and a malformed
+    receipt each refuse before anything is written or pushed."""
+    from click.testing import CliRunner
+
+    from patchkit.cli.main import main as cli
+
+    name, host = IMAGE_4P67, registry_server.host
+    proved = run_build(name, tmp_path / "proved", base=base_ref, output=tmp_path / "proved" / "oci")
+    digest = proved.built.digest
+
+    def push(receipt: Path, repo: str, revision: str = REVISION):
+        out = tmp_path / repo
+        args = ["build", name, "--base", base_ref, "--proven", str(receipt), "--push", f"{host}/{repo}",
+                "--output", str(out), "--revision", revision, "--source-url", SOURCE, "--json"]
+        result = CliRunner().invoke(cli, ["--cache-dir", str(tmp_path / "proved" / "cache"), *args],
+                                    env={"SOURCE_DATE_EPOCH": str(EPOCH), "COLUMNS": "10000"})
+        return result, out
+
+    good, out = push(_receipt(tmp_path / "good.json", digest, name), "out/proved")
+    assert good.exit_code == 0, good.output
+    assert json.loads(good.stdout)["digest"] == digest and out.is_dir()
+    assert "sha256:" + hashlib.sha256(pull_manifest(host, "out/proved", digest)[0]).hexdigest() == digest
+
+    refusals = {
+        "out/moved": (_receipt(tmp_path / "moved.json", digest, name), "f" * 40, 1, "built as sha256:"),
+        "out/failed": (_receipt(tmp_path / "failed.json", digest, name, failed="/usr/lib/x.py: moved"), REVISION, 1,
+                       "records a failed proof (1 problem(s), the first: /usr/lib/x.py: moved)"),
+        "out/other": (_receipt(tmp_path / "other.json", digest, None), REVISION, 1,
+                      "proved an image without patchkit labels"),
+    }
+    (tmp_path / "garbled.json").write_text('{"digest": 7}')
+    refusals["out/garbled"] = (tmp_path / "garbled.json", REVISION, 2, "expected `str`, got `int` at $.digest")
+    for repo, (receipt, revision, code, said) in refusals.items():
+        result, out = push(receipt, repo, revision)
+        assert result.exit_code == code, (repo, result.output)
+        assert said in json.loads(result.stdout)["error"]["message"], (repo, result.output)
+        assert not out.exists(), repo
+    assert not any(r.startswith(tuple(refusals)) for r in registry_server.catalog())

@@ -156,3 +156,22 @@ def test_a_missing_dependency_fails_the_import_naming_the_importing_file(tmp_pat
     path = _package(tmp_path, b"import dependency_the_image_lacks\n")
     bad = [c["detail"] for c in _check(tmp_path, {"imports": ["pkgunderproof.patched"]}) if not c["ok"]]
     assert len(bad) == 1 and str(path) in bad[0] and "No module named 'dependency_the_image_lacks'" in bad[0]
+
+
+def test_an_unlabelled_image_with_no_variant_named_is_refused_before_anything_runs(tmp_path):
+    """`patchkit smoke-image LAYOUT` with no VARIANT proves what the image's dev.patchkit.image label serves;
+    a base carries none, so there is nothing to choose from: exit 2 naming the layout, no root assembled."""
+    from click.testing import CliRunner
+
+    from patchkit.cli.main import main as cli
+
+    blob, diff_id = tar_gz({"usr/bin/python3": b"#!"})
+    small_layout(tmp_path / "base", [(blob, diff_id)])
+    work = tmp_path / "work"
+    result = CliRunner().invoke(cli, ["smoke-image", str(tmp_path / "base"), "--workdir", str(work), "--json"],
+                                env={"COLUMNS": "10000"})
+    assert result.exit_code == 2, result.output
+    error = json.loads(result.stdout)["error"]
+    assert error["kind"] == "error" and "no dev.patchkit.image label" in error["message"], error
+    assert str(tmp_path / "base") in error["message"]
+    assert not any(work.glob("rootfs-*"))

@@ -174,6 +174,62 @@ def test_the_mirrors_commands_in_the_publish_workflow_are_valid_invocations():
     assert [(p["prefix"], p["image"]) for p in params] == [(prefix, None), (prefix, "$IMAGE")]
 
 
+def _steps(name: str, job: str) -> list[tuple[str, str]]:
+    """A job's (step name, run script) in order; "" for a `uses` step."""
+    import yaml
+
+    doc = yaml.safe_load((WORKFLOWS / name).read_text())
+    return [(step.get("name", ""), step.get("run", "")) for step in doc["jobs"][job]["steps"]]
+
+
+def _patchkit_args(script: str, command: str) -> list[list[str]]:
+    """Each `patchkit COMMAND ...` (or `nox -s prove-image -- ...`) in a script, continuation lines joined."""
+    joined = script.replace("\\\n", " ")
+    return [shlex.split(m) for m in re.findall(rf"{command} (.*)", joined)]
+
+
+@pytest.mark.parametrize("workflow, job", [("publish.yml", "build"), ("verify-upstream.yml", "images-proved")])
+def test_every_image_is_proved_on_arm64_before_anything_is_pushed(workflow, job):
+    """The image is built into a layout, proved there by `nox -s prove-image` (patchkit smoke-image, every
+    variant the image serves, a receipt), and only the publish job pushes: by `build --proven` of that
+    receipt, in the one step that pushes, after the proof. Each command parses with the real options."""
+    import yaml
+
+    from patchkit.cli.build import build_cmd
+    from patchkit.cli.image_proof import smoke_image
+
+    spec = yaml.safe_load((WORKFLOWS / workflow).read_text())["jobs"][job]
+    assert spec["runs-on"].endswith("-arm"), spec["runs-on"]
+    steps = _steps(workflow, job)
+    proofs = [i for i, (_, run) in enumerate(steps) if "nox -s prove-image" in run]
+    assert len(proofs) == 1, steps
+    [proof] = _patchkit_args(steps[proofs[0]][1], r"nox -s prove-image --")
+    params = smoke_image.make_context("smoke-image", proof).params
+    assert params["image"] == "build/oci" and params["variants"] == () and params["receipt"] is not None
+    assert steps[proofs[0]][1].startswith("sudo "), "the proof chroots: it runs as root"
+    builds = [(i, args) for i, (_, run) in enumerate(steps) for args in _patchkit_args(run, "patchkit build")]
+    first, *pushes = builds
+    assert first[0] < proofs[0] and "--push" not in first[1] and "--output" in first[1]
+    assert build_cmd.make_context("build", first[1]).params["output"] == Path("build/oci")
+    if workflow == "verify-upstream.yml":
+        assert pushes == [] and "--push" not in json.dumps(steps)
+        return
+    [(at, args)] = pushes
+    assert at > proofs[0]
+    pushed = build_cmd.make_context("build", args).params
+    assert pushed["proven"] == Path(params["receipt"]) and pushed["push"], pushed
+    assert all("--push" not in run for i, (_, run) in enumerate(steps) if i != at)
+
+
+def test_the_daily_proof_covers_every_image_the_publish_workflow_pushes():
+    import yaml
+
+    publish = yaml.safe_load((WORKFLOWS / "publish.yml").read_text())["jobs"]["build"]["strategy"]["matrix"]
+    daily = yaml.safe_load((WORKFLOWS / "verify-upstream.yml").read_text())["jobs"]["images-proved"]["strategy"]["matrix"]
+    images = sorted(p.parent.name for p in (WORKFLOWS.parents[1] / "images").glob("*/image.toml"))
+    assert sorted(daily["image"]) == sorted(publish["image"]) == images
+
+
 def _run_scripts(name: str) -> dict[str, str]:
     """Each step's `run:` script of a workflow, by job and step name."""
     import yaml

@@ -25,19 +25,26 @@ from patchkit.cli.common import console, err_console, images_option, json_option
 @click.option("--result-json", type=click.Path(path_type=Path), help="Write the build summary (digest, tags) here.")
 @click.option("--revision", help="Source revision for the OCI annotations (default: git HEAD).")
 @click.option("--source-url", help="Source URL for the OCI annotations.")
+@click.option("--proven", type=click.Path(path_type=Path, dir_okay=False), metavar="RECEIPT",
+              help="Write or push only the digest this `patchkit smoke-image --receipt` proved for IMAGE "
+              "(exit 1 otherwise, before anything is written). Not with --engine or --load.")
 @patches_option
 @images_option
 @json_option
-def build_cmd(image, base, push, output, dry_run, engine, load, engine_url, result_json, revision, source_url, patches_dir,
-              images_dir, as_json):
+def build_cmd(image, base, push, output, dry_run, engine, load, engine_url, result_json, revision, source_url, proven,
+              patches_dir, images_dir, as_json):
     """Build IMAGE: the base plus one layer of patched files, linux/arm64, reproducible, no daemon."""
     from patchkit.images.build import build
     from patchkit.oci.progress import RichProgress
+    from patchkit.smoke.image_proof import proven_digest
 
+    if proven and (engine or load):
+        raise click.UsageError("--proven holds the daemonless build to a proved digest; an engine build's image "
+                               "is the engine's own (prove the layout, then push it without --engine/--load)")
     result = build(
         image, base=base, push=push, output=output, dry_run=dry_run, engine=engine, load=load, engine_url=engine_url,
         images_dir=images_dir, patches_dir=patches_dir, revision=revision, source_url=source_url,
-        progress=RichProgress(err_console),
+        progress=RichProgress(err_console), proven=proven_digest(proven, image) if proven else None,
     )
     summary = result.summary()
     for patch_id, note in summary["notes"].items():

@@ -15,7 +15,7 @@ from patchkit.cli.common import console, err_console, images_option, json_option
 
 @click.command("smoke-image")
 @click.argument("image", metavar="LAYOUT[:REF]")
-@click.argument("variants", nargs=-1, required=True)
+@click.argument("variants", nargs=-1)
 @click.option("--modelopt-python", help="Interpreter with ModelOpt that packs the tiny checkpoints "
               "(default: $PATCHKIT_MODELOPT_PYTHON, else this one).")
 @click.option("--workdir", type=click.Path(path_type=Path, file_okay=False),
@@ -29,7 +29,8 @@ from patchkit.cli.common import console, err_console, images_option, json_option
 def smoke_image(image, variants, modelopt_python, workdir, receipt, timeout, patches_dir, images_dir, as_json):
     """Run a built image's own files: its patched vLLM imports, its files are the series', its extra
     wheels import, and each VARIANT's CPU load smoke passes through the image's own torch and vLLM
-    (under qemu-user off arm64). Exit 0 proved, 1 not proved, 2 the image cannot be read or run."""
+    (under qemu-user off arm64). No VARIANT: every variant the image's dev.patchkit.image label serves.
+    Exit 0 proved, 1 not proved, 2 the image cannot be read or run."""
     from patchkit.smoke.image_proof import prove_image, write_receipt
     from patchkit.variants.definitions import find_variant
 

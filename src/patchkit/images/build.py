@@ -33,6 +33,7 @@ from pathlib import Path
 
 from patchkit import CHECKOUT
 from patchkit.engine import connect
+from patchkit.errors import PatchFailed
 from patchkit.images.assemble import Built, assemble, describe, push_image, write_output
 from patchkit.images.definitions import load_image
 from patchkit.images.engine import build_with_engine
@@ -45,6 +46,18 @@ from patchkit.patching.patchset import load_patchset
 from patchkit.sources.cache import FileCache, default_cache_root
 
 REPO_ROOT = CHECKOUT
+
+
+class NotTheProvenImage(PatchFailed):
+    """The build of `image` made manifest `digest`, not the `proven` one its proof's receipt names (exit 1):
+    the inputs moved between the proof and this build (another base, patch set, revision or
+    SOURCE_DATE_EPOCH), so what would be pushed is not what was proved."""
+
+    def __init__(self, image: str, digest: str, proven: str):
+        super().__init__(f"{image} built as {digest}, but the proof's receipt proved {proven}: not pushed and "
+                         "not written (build with the proof's base, patch set, --revision and SOURCE_DATE_EPOCH, "
+                         "or prove this build)")
+        self.image, self.digest, self.proven = image, digest, proven
 
 
 @dataclass
@@ -80,7 +93,7 @@ def build(image_name: str, *, base: str | None = None, output: Path | str | None
           push: Sequence[str] = (), dry_run: bool = False, engine: bool = False, load: bool = False,
           engine_url: str | None = None, images_dir: Path | None = None, patches_dir: Path | None = None,
           epoch: int | None = None, revision: str | None = None, source_url: str | None = None,
-          cache: Path | None = None, progress: Progress | None = None) -> BuildResult:
+          cache: Path | None = None, progress: Progress | None = None, proven: str | None = None) -> BuildResult:
     """`patchkit build IMAGE`: daemonless by default; `load=True` builds into the local engine from its
     copy of the base; `engine=True` builds FROM the registry base through a Docker-API engine.
 
@@ -88,6 +101,8 @@ def build(image_name: str, *, base: str | None = None, output: Path | str | None
     (default: the user cache's oci/ and files/). `output` defaults to build/oci/<image> when nothing is
     pushed; `push` refs without a tag get the computed `<vllm-version>-<series-hash>` tag. `dry_run` reports
     what would change and writes nothing. `progress` gets the notes and byte counts (default: none shown).
+    `proven` (daemonless route only) is the manifest digest an in-image proof proved: any other build is
+    refused before anything is written or pushed.
     """
     progress = progress or Quiet()  # the caller renders: the CLI passes a RichProgress on its stderr console
     patchset = load_patchset(patches_dir or REPO_ROOT / "patches")
@@ -117,6 +132,8 @@ def build(image_name: str, *, base: str | None = None, output: Path | str | None
     keep = bool(output is not None or not (push or engine)) and not dry_run
     prepared = prepare(image, patchset, base=base, cache=cache, progress=progress, keep=keep)
     built = assemble(prepared, epoch=epoch, revision=revision, source_url=source_url)
+    if proven is not None and built.digest != proven:
+        raise NotTheProvenImage(image.name, built.digest, proven)
     result = BuildResult(built)
     if dry_run:
         describe(built, progress)

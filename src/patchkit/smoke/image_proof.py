@@ -16,7 +16,8 @@ From an OCI layout (what `patchkit build` writes), for the variants the image se
 
 An image without patchkit's labels (a base, the stock image) gets steps 1, 3 (imports) and 4 only: its
 smoke shows what the patches fix. The receipt names the manifest digest it proved and how long each
-step took.
+step took; `proven_digest` reads it back for `patchkit build --proven` (the publish workflow pushes only
+the digest its receipt proved).
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patchkit.errors import PatchkitError
+import msgspec
+
+from patchkit.errors import PatchFailed, PatchkitError
+from patchkit.jsondata import decode
 from patchkit.oci.base import BaseImage, open_base
 from patchkit.oci.media import Platform
 from patchkit.smoke.image_rootfs import HELPER_DIR, Rootfs, RootfsError, assemble, chain_id, emulator, run_inside
 from patchkit.smoke.load_check import SmokeReport, judge
+from patchkit.untrusted import read_file
 
 LABEL = "dev.patchkit"
 SRC = Path(__file__).resolve().parents[2]  # the directory holding the patchkit package
@@ -100,6 +105,17 @@ class VariantNotServed(PatchkitError):
     def __init__(self, variant: str, wants: str, image: str):
         super().__init__(f"variant {variant} is served by image {wants}; {image} is a build of another image")
         self.variant, self.wants, self.image = variant, wants, image
+
+
+class NoVariantsToProve(PatchkitError):
+    """No variant was named for the image at `spec`, and none can be read from it: it carries no
+    dev.patchkit.image label (a base, a stock image), or its `image` serves no variant here (exit 2)."""
+
+    def __init__(self, spec: str, image: str | None = None):
+        why = (f"it is a build of {image}, which no variant.toml in the images directory names" if image else
+               "it carries no dev.patchkit.image label (a base or a stock image): name the variants to smoke")
+        super().__init__(f"{spec}: no variants to prove: {why}")
+        self.spec, self.image = spec, image
 
 
 def _labels(image: BaseImage) -> dict[str, str]:
@@ -183,6 +199,13 @@ def prove_image(spec: str, variants: list, *, images_dir: Path, patches_dir: Pat
     labels = _labels(image)
     patchset = load_patchset(patches_dir)
     name = labels.get(f"{LABEL}.image")
+    if not variants:   # every variant the image serves, read from its own label
+        if not name:
+            raise NoVariantsToProve(spec)
+        from patchkit.variants.definitions import load_variants
+        variants = [v for v in load_variants(images_dir).values() if v.image == name]
+        if not variants:
+            raise NoVariantsToProve(spec, name)
     for v in variants:
         if name and v.image != name:
             raise VariantNotServed(v.name, v.image, name)
@@ -247,4 +270,34 @@ def write_receipt(proof: ImageProof, path: Path) -> None:
     path.write_text(json.dumps(proof.to_dict(), indent=2) + "\n")
 
 
-__all__ = ["Check", "ImageProof", "RootfsError", "VariantNotServed", "prove_image", "write_receipt"]
+class Receipt(msgspec.Struct):
+    """What `--proven` needs of a receipt (write_receipt writes more): the rest is for a person."""
+
+    digest: str
+    ok: bool
+    patchkit_image: str | None
+    problems: list[str]
+
+
+class NotProved(PatchFailed):
+    """The receipt at `receipt` does not prove a build of `image`: it `reason` (exit 1)."""
+
+    def __init__(self, receipt: str, image: str, reason: str):
+        super().__init__(f"{receipt} does not prove a build of {image}: it {reason}; nothing was written or pushed")
+        self.receipt, self.image, self.reason = receipt, image, reason
+
+
+def proven_digest(path: Path, image: str) -> str:
+    """The manifest digest the receipt at `path` proved for a build of `image`; NotProved where the proof
+    failed or was of another image (a base, a stock image, another variant's image)."""
+    receipt = decode(read_file(path, "run-record", "the proof's receipt"), Receipt, f"receipt {path}")
+    if not receipt.ok or receipt.problems:
+        first = receipt.problems[0] if receipt.problems else "none named"
+        raise NotProved(str(path), image, f"records a failed proof ({len(receipt.problems)} problem(s), the first: {first})")
+    if receipt.patchkit_image != image:
+        raise NotProved(str(path), image, f"proved {receipt.patchkit_image or 'an image without patchkit labels'}")
+    return receipt.digest
+
+
+__all__ = ["Check", "ImageProof", "NoVariantsToProve", "NotProved", "RootfsError", "VariantNotServed", "prove_image",
+           "proven_digest", "write_receipt"]

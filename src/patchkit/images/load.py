@@ -35,6 +35,40 @@ PLATFORM = "linux/arm64"
 CHUNK = 1 << 20
 
 
+class NotALayout(PatchkitError):
+    """`spec` given to `patchkit load` is not an OCI layout directory (DIR or DIR:REF) (exit 2)."""
+
+    def __init__(self, spec: str):
+        super().__init__(f"patchkit load {spec}: not an OCI layout directory (DIR or DIR:REF); an image in "
+                         "a registry is pulled by the engine itself (docker pull)")
+        self.spec = spec
+
+
+class BadLayer(PatchkitError):
+    """Layer `digest` of the layout `spec` (None: its list of layers) cannot be loaded as it stands: `problem`
+    says what it is and what was expected of it (exit 2). Nothing was sent to the engine."""
+
+    def __init__(self, spec: str, digest: str | None, problem: str):
+        super().__init__(f"{spec}: layer {digest} {problem}" if digest else f"{spec}: {problem}")
+        self.spec, self.digest, self.problem = spec, digest, problem
+
+
+class BadLoadTag(PatchkitError):
+    """`--tag` `tag` is not a NAME:TAG the engine can name a loaded image by: `problem` (exit 2)."""
+
+    def __init__(self, tag: str, problem: str):
+        super().__init__(f"--tag {tag!r}: {problem}")
+        self.tag, self.problem = tag, problem
+
+
+class LoadRefused(PatchkitError):
+    """The engine did not end up holding the image as `tag`: `problem` says where it stopped (exit 2)."""
+
+    def __init__(self, tag: str, problem: str):
+        super().__init__(f"loading {tag}: {problem}")
+        self.tag, self.problem = tag, problem
+
+
 @dataclass(frozen=True)
 class LoadedLayout:
     """What `patchkit load` did: a receipt, not a base. A build on it finds it in the engine by its tag,
@@ -59,8 +93,7 @@ def open_layout(spec: str, cache: Path, progress: Progress) -> BaseImage:
     """The layout's linux/arm64 image; anything that is not an OCI layout directory is refused."""
     head = spec.rpartition(":")[0]
     if not (Path(spec).is_dir() or (head and Path(head).is_dir())):
-        raise PatchkitError(f"patchkit load {spec}: not an OCI layout directory (DIR or DIR:REF); an image in "
-                            "a registry is pulled by the engine itself (docker pull)")
+        raise NotALayout(spec)
     return open_base(spec, Platform.parse(PLATFORM), cache=cache, progress=progress)
 
 
@@ -68,8 +101,8 @@ def write_archive(base: BaseImage, tag: str, out: BinaryIO, workdir: Path) -> in
     """The docker-archive of `base` tagged `tag` into `out`; the number of layers."""
     diff_ids = list((base.config.get("rootfs") or {}).get("diff_ids") or [])
     if len(diff_ids) != len(base.layers):
-        raise PatchkitError(f"{base.spec}: the config names {len(diff_ids)} layers (rootfs.diff_ids), the manifest "
-                            f"{len(base.layers)}")
+        raise BadLayer(base.spec, None, f"the config names {len(diff_ids)} layers (rootfs.diff_ids), "
+                       f"the manifest {len(base.layers)}")
     config_name = base.manifest["config"]["digest"].removeprefix("sha256:") + ".json"
     names = []
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -91,7 +124,7 @@ def _uncompressed(base: BaseImage, desc: dict, diff_id: str, out: BinaryIO) -> N
     """Layer `desc`'s tar into `out`, its blob checked against its digest and the tar against diff_id."""
     digest, media_type = desc.get("digest", ""), desc.get("mediaType", "")
     if media_type not in READABLE_LAYERS:
-        raise PatchkitError(f"{base.spec}: layer {digest} is {media_type}; gzip or plain tar layers only")
+        raise BadLayer(base.spec, digest, f"is {media_type}; gzip or plain tar layers only")
     blob_sha, tar_sha = hashlib.sha256(), hashlib.sha256()
     inflate = None if media_type == OCI_LAYER_TAR else zlib.decompressobj(16 + zlib.MAX_WBITS)
     limit, written = limit_of("layer-tar"), 0
@@ -103,7 +136,7 @@ def _uncompressed(base: BaseImage, desc: dict, diff_id: str, out: BinaryIO) -> N
                 try:
                     data = inflate.decompress(pending, CHUNK) if inflate else pending
                 except zlib.error as exc:
-                    raise PatchkitError(f"{base.spec}: layer {digest} is not gzip data ({exc})") from None
+                    raise BadLayer(base.spec, digest, f"is not gzip data ({exc})") from None
                 pending = inflate.unconsumed_tail if inflate else b""
                 written += len(data)
                 if written > limit:
@@ -111,12 +144,12 @@ def _uncompressed(base: BaseImage, desc: dict, diff_id: str, out: BinaryIO) -> N
                 tar_sha.update(data)
                 out.write(data)
     if inflate is not None and not inflate.eof:
-        raise PatchkitError(f"{base.spec}: layer {digest} ends inside its gzip stream")
+        raise BadLayer(base.spec, digest, "ends inside its gzip stream")
     if "sha256:" + blob_sha.hexdigest() != digest:
-        raise PatchkitError(f"{base.spec}: layer {digest} does not match its digest")
+        raise BadLayer(base.spec, digest, "does not match its digest")
     if "sha256:" + tar_sha.hexdigest() != diff_id:
-        raise PatchkitError(f"{base.spec}: layer {digest} uncompresses to sha256:{tar_sha.hexdigest()}, not the "
-                            f"diff_id {diff_id} its config names")
+        raise BadLayer(base.spec, digest, f"uncompresses to sha256:{tar_sha.hexdigest()}, not the diff_id {diff_id} "
+                       "its config names")
 
 
 def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -143,9 +176,9 @@ def load_layout(spec: str, *, tag: str | None = None, engine_url: str | None = N
     try:
         parsed = Reference.parse(tag)
     except PatchkitError as exc:
-        raise PatchkitError(f"--tag {tag!r}: {exc}") from None
+        raise BadLoadTag(tag, str(exc)) from None
     if parsed.digest or not parsed.tag:
-        raise PatchkitError(f"--tag {tag!r}: give NAME:TAG (no digest): the engine names what it loads by a tag")
+        raise BadLoadTag(tag, "give NAME:TAG (no digest): the engine names what it loads by a tag")
     base = open_layout(spec, cache or default_cache_root() / "oci", progress)
     with tempfile.TemporaryDirectory(prefix="patchkit-load-") as tmp:
         archive = Path(tmp) / "image.tar"
@@ -167,11 +200,11 @@ def _send(client, data: BinaryIO, tag: str) -> None:
     try:
         for chunk in client.api.load_image(data):
             if isinstance(chunk, dict) and chunk.get("error"):
-                raise PatchkitError(f"the engine refused the image for {tag}: {str(chunk['error']).strip()}")
+                raise LoadRefused(tag, f"the engine refused the image: {str(chunk['error']).strip()}")
     except docker.errors.APIError as exc:
-        raise PatchkitError(f"the engine refused the image for {tag}: {exc.explanation or exc}") from None
+        raise LoadRefused(tag, f"the engine refused the image: {exc.explanation or exc}") from None
     except (requests.exceptions.RequestException, OSError) as exc:
-        raise PatchkitError(f"the engine stopped answering while loading {tag} ({exc.__class__.__name__})") from None
+        raise LoadRefused(tag, f"the engine stopped answering ({exc.__class__.__name__})") from None
 
 
 def _loaded_id(client, tag: str) -> str:
@@ -180,7 +213,7 @@ def _loaded_id(client, tag: str) -> str:
     try:
         return client.images.get(tag).id
     except docker.errors.NotFound:
-        raise PatchkitError(f"the engine took the archive but has no image {tag} after it") from None
+        raise LoadRefused(tag, "the engine took the archive but has no image of that tag after it") from None
     except docker.errors.APIError as exc:
-        raise PatchkitError(f"the engine cannot look up {tag} after loading it: {exc.explanation or exc}") from None
+        raise LoadRefused(tag, f"the engine cannot look it up after loading it: {exc.explanation or exc}") from None
 

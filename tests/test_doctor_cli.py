@@ -45,12 +45,19 @@ def test_doctor_host_prints_every_fix_and_finding_whole(columns):
     assert table.code == 1 and "doctor host local: NOT READY" in table.stdout, table.output[-3000:]
     assert "…" not in table.stdout, table.stdout
     assert max(len(line) for line in table.stdout.splitlines()) <= columns
-    fixes, found = column(table.stdout, "fix"), column(table.stdout, "found")
+    fixes, found = column(table.stdout, "fix"), _figures_masked(column(table.stdout, "found"))
     arch = next(c for c in checks if c["name"] == "TORCH_CUDA_ARCH_LIST")
     assert arch["fix"].startswith("export TORCH_CUDA_ARCH_LIST=12.1a ")
     for check in checks:
         assert _squeezed(check["fix"]) in fixes, (check, table.stdout)
-        assert _squeezed(check["found"]) in found, (check, table.stdout)
+        assert _figures_masked(_squeezed(check["found"])) in found, (check, table.stdout)
+
+
+def _figures_masked(text: str) -> str:
+    """`text` with its numbers as `#`: the two runs measure this machine twice, and a live figure (the memory
+    available: 19.0 GiB in one, 19.3 in the other, under CI's load) moves between them; the words are what
+    must come back whole."""
+    return re.sub(r"\d+(?:[.,]\d+)*", "#", text)
 
 
 @pytest.mark.parametrize("columns", [80, 200])

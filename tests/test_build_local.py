@@ -194,6 +194,61 @@ def test_a_rebuild_of_an_unchanged_image_moves_only_its_tags(engine_realistic, e
 
 
 @pytest.mark.registry
+def test_the_next_build_clears_patchkits_untagged_images_never_a_users_built_from_one(
+        engine_realistic, engine_client, engine, tmp_path):
+    """An image a user built `FROM patchkit/...:latest` carries every patchkit label (labels inherit); left
+    untagged (its tag moved to another image) it is still the user's: the next build's recover keeps it.
+    patchkit's own image, left untagged the same way (as a cut-off rebuild leaves one), is removed by it."""
+    from patchkit.images.leftovers import IMAGE_LABEL, built_by_patchkit, recover
+
+    ref, _ = engine_realistic
+    first = build(IMAGE, base=ref, load=True, engine_url=engine, revision=REVISION, source_url=SOURCE,
+                  epoch=EPOCH + 11, cache=tmp_path / "cache").built
+    latest = f"patchkit/{IMAGE}:latest"
+    base_id = engine_client.images.get(ref).id
+    engine_client.api.tag(base_id, "keep/base", "held")   # a name of its own: untagging what moved never deletes it
+
+    def dangle(image_id: str) -> list[str]:
+        """Every name of `image_id` moved onto the base (a tag move never deletes): it is left untagged."""
+        names = [t.removeprefix("docker.io/").removeprefix("localhost/") for t in engine_client.images.get(image_id).tags]
+        assert names, image_id
+        for name in names:
+            repo, _, tag = name.rpartition(":")
+            engine_client.api.tag(base_id, repo, tag)
+        return names
+
+    users, moved = {}, []
+    for kind, steps in (("env", 'ENV USERS_OWN="1"'), ("label", 'LABEL org.example.mine="1"')):
+        context = io.BytesIO()
+        with tarfile.open(fileobj=context, mode="w") as tar:
+            data = f"FROM {latest}\n{steps}\n".encode()
+            info = tarfile.TarInfo("Dockerfile")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        context.seek(0)
+        image, _ = engine_client.images.build(fileobj=context, custom_context=True, tag=f"mine/{kind}:1", rm=True)
+        assert IMAGE_LABEL in image.labels and image.id != first.image_id
+        assert not built_by_patchkit(engine_client, image.id), engine_client.api.history(image.id)[:4]
+        moved += dangle(image.id)
+        users[kind] = image.id
+    assert built_by_patchkit(engine_client, first.image_id), engine_client.api.history(first.image_id)[:4]
+    try:
+        done = recover(engine_client)
+        assert set(users.values()) <= {i.id for i in engine_client.images.list(all=True)}, (done, users)
+        assert not any(u[:19] in line for u in users.values() for line in done), done
+
+        for image_id in users.values():   # the user's to remove (an engine keeps a parent while children stand)
+            engine_client.api.remove_image(image_id)
+        moved += dangle(first.image_id)   # patchkit's image, every name off it
+        done = recover(engine_client)
+        assert any(first.image_id[:19] in line for line in done), done
+        assert first.image_id not in {i.id for i in engine_client.images.list(all=True)}
+    finally:
+        for name in set(moved):   # the base keeps its own name
+            engine_client.api.remove_image(name)
+
+
+@pytest.mark.registry
 def test_load_asserts_every_anchor_on_the_engine_copy(registry_server, realistic, client, podman, tmp_path):
     from patchkit.patching.patchset import load_patchset
 

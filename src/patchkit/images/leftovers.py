@@ -6,7 +6,9 @@ garbled answer, patchkit itself killed) leaves nothing the next build cannot fin
 - before a build takes `:latest` off the image it names, it tags that image HOLD_TAG.<run>: the engine
   itself keeps which image `:latest` was on until the build ends and removes the mark;
 - the images patchkit builds carry its `dev.patchkit.image` label from their first step (images.local
-  writes LABEL before ADD), so an untagged one a build left is found by label.
+  writes LABEL before ADD), so an untagged one a build left is found by label. An image a user built
+  FROM one of patchkit's inherits every label, so the label alone does not make an image patchkit's:
+  its history must also be patchkit's own steps from the top (`built_by_patchkit`).
 
 `recover` (called by each build route right after it connects) removes the containers of runs that are
 over, puts `:latest` back where a run that is over took it off and the engine has none, and removes the
@@ -116,6 +118,35 @@ def put_back_latest(client, latest: str, previous: str) -> str | None:
     return target
 
 
+# What patchkit's --load Dockerfile writes above its LABEL, in order (images.engine.dockerfile, labels_first).
+_ABOVE_LABEL = ("ADD", "ENV")
+
+
+def _keyword(created_by: object) -> str:
+    """The Dockerfile keyword of an image history entry: the classic builder writes `/bin/sh -c #(nop)  ENV
+    A=B` (two spaces), buildah `/bin/sh -c #(nop) ENV A=B`, BuildKit `ENV A=B`."""
+    text = str(created_by or "").rpartition("#(nop)")[2].strip()
+    return text.split(None, 1)[0].upper() if text else ""
+
+
+def built_by_patchkit(client, image_id: str) -> bool:
+    """Whether `image_id` is a step of a patchkit build (its LABEL step, its ADD, its final ENV), not an image
+    built FROM one: from the top of its history, at most patchkit's steps above its own LABEL of
+    IMAGE_LABEL. A user's `FROM patchkit/...` adds its own steps above them; no history, no proof."""
+    import docker
+
+    try:
+        history = client.api.history(image_id)
+    except docker.errors.NotFound:
+        return False
+    entries = [e for e in history if isinstance(e, dict)] if isinstance(history, list) else []
+    for depth, entry in enumerate(entries[:len(_ABOVE_LABEL) + 1]):
+        if _keyword(entry.get("CreatedBy")) == "LABEL" and IMAGE_LABEL in str(entry.get("CreatedBy")):
+            above = [_keyword(e.get("CreatedBy")) for e in entries[:depth]]
+            return above == list(reversed(_ABOVE_LABEL[:depth]))
+    return False
+
+
 def recover(client, note: Callable[[str], None] = lambda _: None) -> list[str]:
     """Clear what runs that are over left on the engine (the module's docstring says what); what was done,
     each also given to `note`."""
@@ -147,8 +178,8 @@ def recover(client, note: Callable[[str], None] = lambda _: None) -> list[str]:
             unmarked.add(tag)
         for summary in images:   # untagged now: a mark removed above may have been an image's last name
             tags = [t for t in summary.get("RepoTags") or [] if "<none>" not in t and bare_name(t) not in unmarked]
-            if tags or IMAGE_LABEL not in (summary.get("Labels") or {}):
-                continue
+            if tags or IMAGE_LABEL not in (summary.get("Labels") or {}) or not built_by_patchkit(client, summary["Id"]):
+                continue   # a name keeps it, or it is no step of patchkit's (a user's image FROM one of them)
             try:
                 client.api.remove_image(summary["Id"])
             except docker.errors.NotFound:

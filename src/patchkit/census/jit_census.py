@@ -65,6 +65,25 @@ class CompileEnvironmentError(PatchkitError):
         super().__init__(detail)
 
 
+class SourceChanged(PatchkitError):
+    """`what` (a release's source, as the census reads it) no longer has the shape the census reads: `expected`
+    says what was looked for and `found` what is there (exit 2). A census row is never guessed from a changed
+    source: the census's patterns (census/jit_units.py) follow the release first."""
+
+    def __init__(self, what: str, expected: str, found: str):
+        super().__init__(f"{what}: {expected}; {found}")
+        self.what, self.expected, self.found = what, expected, found
+
+
+class CompileTimedOut(PatchkitError):
+    """`what` (nvcc and the ptxas it runs) was still running after `timeout` seconds and its process group was
+    stopped (exit 2)."""
+
+    def __init__(self, what: str, timeout: float):
+        super().__init__(f"{what}: still running after {timeout:.0f} s, stopped")
+        self.what, self.timeout = what, timeout
+
+
 @dataclass
 class Row:
     unit: str
@@ -113,7 +132,8 @@ def census(dist: str, version: str, *, progress: bool = False) -> list[Row]:
     source = open_release(dist, version, cache=cache, progress=progress)  # downloads and verifies once
     archive = cache.lookup(dist, version)
     if archive is None:  # verified a moment ago: another process dropped it from the cache meanwhile
-        raise PatchkitError(f"{dist} {version}: the archive just verified left the cache {cache.downloads}; run again")
+        raise SourceChanged(f"{dist} {version}", "the archive verified a moment ago",
+                            f"it left the cache {cache.downloads} meanwhile; run again")
     rows: list[Row] = []
     for unit in units_for(dist, version):
         kernels = [k for k in unit.kernels if not k.versions or Version(version) in SpecifierSet(k.versions)]
@@ -193,7 +213,7 @@ def compile_tree(unit: Unit, kernels: list[Kernel], top: Path, nvcc: str, torch,
     with tempfile.TemporaryDirectory(prefix="patchkit-jit-") as tmp:
         host = next((h for h in unit.host if (top / h).is_file()), None)
         if unit.host and host is None:
-            raise PatchkitError(f"{what}: none of {', '.join(unit.host)} is in the sdist: the layout changed")
+            raise SourceChanged(what, f"one of {', '.join(unit.host)}", "none is in the sdist: the layout changed")
         host_text = (top / host).read_text("utf-8", "replace") if host else ""
         probe = Path(tmp) / "patchkit_probe.cu"
         probe.write_text(probe_source(unit, kernels, top, host))
@@ -227,7 +247,7 @@ def materialise(archive: Path, members: tuple[str, ...], out: Path) -> Path:
     listing = reader.listing()
     tops = {name.split("/", 1)[0] for name in listing}
     if len(tops) != 1:
-        raise PatchkitError(f"{archive}: expected one top-level directory, found {sorted(tops)[:5]}")
+        raise SourceChanged(str(archive), "one top-level directory", f"found {sorted(tops)[:5]}")
     top = tops.pop()
     wanted = [n for n, kind in listing.items() if kind == "file" and n.split("/", 1)[-1].startswith(members)]
     for name, data in reader.read_many(wanted).items():
@@ -273,15 +293,16 @@ def launcher_constants(text: str, function: str, constant: str, what: str) -> tu
     constexpr function template of the same parameters returning `constant`; and its block-size expression."""
     head = re.search(_LAUNCHER.format(re.escape(function)), text, re.S)
     if head is None or (body_end := text.find("auto kernel =", head.end())) < 0:
-        raise PatchkitError(f"{what}: no launcher {function}(...) {{ ... auto kernel = ... }}: the source changed, "
-                            "its shared-memory request cannot be read")
+        raise SourceChanged(what, f"a launcher {function}(...) {{ ... auto kernel = ... }}",
+                            "there is none: its shared-memory request cannot be read")
     statements = [m.group(1).strip() + ";" for m in _STATEMENT.finditer(text, head.end(), body_end)]
     if not any(re.match(rf"(?:static\s+)?constexpr\s+[\w:]+\s+{constant}\s*=", s) for s in statements):
-        raise PatchkitError(f"{what}: {function} defines no constexpr {constant} before its launch: the source "
-                            "changed, its shared-memory request cannot be read")
+        raise SourceChanged(what, f"{function} defining constexpr {constant} before its launch",
+                            "it defines none: its shared-memory request cannot be read")
     block = re.search(r"dim3\s+block\w*\(([^()]*)\)", text[head.end():])
     if not block:
-        raise PatchkitError(f"{what}: {function} launches with no `dim3 block(...)`: its block size cannot be read")
+        raise SourceChanged(what, f"{function} launching with a `dim3 block(...)`",
+                            "it has none: its block size cannot be read")
     body = "\n  ".join(statements)
     return (f"{head.group(1)}\nconstexpr long long {function}_patchkit_budget() {{\n  {body}\n  return {constant};\n}}\n",
             block.group(1).strip())
@@ -403,7 +424,7 @@ def _run(argv: list[str], cwd, timeout: float, what: str) -> tuple[int, str]:
     process group killed at `timeout` (nvcc runs cicc and ptxas under it)."""
     finished = run_bounded(argv, timeout=timeout, kind="tool-output", what=what, cwd=cwd)
     if finished.timed_out:
-        raise PatchkitError(f"{what}: still running after {timeout:.0f} s, stopped")
+        raise CompileTimedOut(what, timeout)
     return finished.code, finished.output.decode("utf-8", "replace")
 
 

@@ -27,7 +27,7 @@ from hostile_registry import Answer, HostileRegistry, endless, sha256
 from patchkit.errors import PatchkitError
 from patchkit.images.build import build
 from patchkit.jsondata import MalformedJson, load_json_object
-from patchkit.oci.base import open_base
+from patchkit.oci.base import NoPlatformImage, NoSuchLayout, UnsupportedBase, open_base
 from patchkit.oci.media import Platform
 from patchkit.oci.registry import RegistryClient
 from patchkit.oci.schema import ImageConfig, Index, Manifest, parse
@@ -356,8 +356,50 @@ def test_nested_indexes_past_the_depth_limit_are_refused(hostile, tmp_path):
              "platform": {"architecture": "arm64", "os": "linux"}}]}).encode()
         hostile.manifest("x/y", sha256(child), child, DOCKER_LIST)
     hostile.manifest("x/y", "deep", child, DOCKER_LIST)
-    with pytest.raises(PatchkitError, match="nested more than"):
+    with pytest.raises(UnsupportedBase) as err:
         _base(f"{hostile.host}/x/y:deep", tmp_path)
+    assert err.value.spec == f"{hostile.host}/x/y:deep" and "nested more than" in err.value.problem
+
+
+def _index(hostile, tag: str, entries: list[tuple[str, str]]) -> str:
+    """An index tagged `tag` of one served image manifest per (os/architecture, digest seed)."""
+    served = hostile.image("x/y", [LAYER])
+    listed = json.loads(served["index"])["manifests"][0]
+    manifests = []
+    for where, seed in entries:
+        os_, arch = where.split("/")
+        body = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_MANIFEST, "config": listed, "layers": [],
+                           "seed": seed}).encode()
+        hostile.manifest("x/y", sha256(body), body, DOCKER_MANIFEST)
+        manifests.append({"mediaType": DOCKER_MANIFEST, "digest": sha256(body), "size": len(body),
+                          "platform": {"architecture": arch, "os": os_}})
+    index = json.dumps({"schemaVersion": 2, "mediaType": DOCKER_LIST, "manifests": manifests}).encode()
+    hostile.manifest("x/y", tag, index, DOCKER_LIST)
+    return f"{hostile.host}/x/y:{tag}"
+
+
+def test_an_index_without_one_arm64_image_is_refused_naming_what_it_has(hostile, tmp_path):
+    none = _index(hostile, "amd64-only", [("linux/amd64", "a"), ("linux/ppc64le", "b")])
+    with pytest.raises(NoPlatformImage) as err:
+        _base(none, tmp_path)
+    assert (err.value.spec, err.value.platform, err.value.found) == (none, "linux/arm64", 0)
+    assert err.value.has == ["linux/amd64", "linux/ppc64le"]
+    two = _index(hostile, "two-arm64", [("linux/arm64", "a"), ("linux/arm64", "b")])
+    with pytest.raises(NoPlatformImage) as err:
+        _base(two, tmp_path)
+    assert (err.value.found, "name one by digest" in str(err.value)) == (2, True)
+
+
+def test_a_base_in_a_form_patchkit_does_not_read_or_a_missing_layout_path_is_refused(hostile, tmp_path):
+    hostile.image("x/y", [LAYER])
+    hostile.manifest("x/y", "odd", b'{"schemaVersion": 2}', "application/vnd.example.thing+json")
+    with pytest.raises(UnsupportedBase) as err:
+        _base(f"{hostile.host}/x/y:odd", tmp_path)
+    assert "unsupported manifest type 'application/vnd.example.thing+json'" in err.value.problem
+    for spec in ("./no-such-layout", str(tmp_path / "missing")):
+        with pytest.raises(NoSuchLayout) as err:
+            _base(spec, tmp_path)
+        assert err.value.spec == spec
 
 
 def test_an_upload_answer_without_its_location_is_refused(hostile):

@@ -158,7 +158,7 @@ def _layout_spec(spec: str) -> tuple[Path, str | None] | None:
     if sep and head and Path(head).is_dir():
         return Path(head), tail
     if spec.startswith(("/", "./", "../", "~")):
-        raise PatchkitError(f"base {spec}: no such OCI layout directory")
+        raise NoSuchLayout(spec)
     return None
 
 
@@ -191,22 +191,49 @@ def _select(spec: str, data: bytes, media_type: str, platform: Platform, fetch, 
     if media_type in MANIFEST_TYPES:
         return data, sha256_digest(data)
     if media_type not in INDEX_TYPES:
-        raise PatchkitError(f"base {spec}: unsupported manifest type {media_type!r}")
+        raise UnsupportedBase(spec, f"unsupported manifest type {media_type!r}")
     if depth >= MAX_INDEX_DEPTH:
-        raise PatchkitError(f"base {spec}: indexes nested more than {MAX_INDEX_DEPTH} deep; refused")
+        raise UnsupportedBase(spec, f"indexes nested more than {MAX_INDEX_DEPTH} deep; refused")
     index = decode(data, Index, f"index {sha256_digest(data)} of {spec}")
     platforms = [(m, msgspec.structs.asdict(m.platform) if m.platform else {}) for m in index.manifests]
     matches = [m for m, p in platforms if platform.matches(p)]
     if not matches:
         have = sorted(str(Platform(p["os"], p["architecture"], p.get("variant"))) for _, p in platforms if p)
-        raise PatchkitError(f"base {spec} has no {platform} image (it has: {', '.join(have) or 'none'})")
+        raise NoPlatformImage(spec, str(platform), 0, have)
     if len({m.digest for m in matches}) > 1:
-        raise PatchkitError(f"base {spec} has {len(matches)} different {platform} images; name one by digest")
+        raise NoPlatformImage(spec, str(platform), len(matches), [])
     child, child_type = fetch(matches[0])
     child_type = child_type or matches[0].mediaType
     if child_type in INDEX_TYPES:
         return _select(spec, child, child_type, platform, fetch, depth + 1)
     return child, matches[0].digest
+
+
+class NoSuchLayout(PatchkitError):
+    """The base `spec` is a path (it starts with /, ./, ../ or ~) where no OCI layout directory is (exit 2)."""
+
+    def __init__(self, spec: str):
+        super().__init__(f"base {spec}: no such OCI layout directory")
+        self.spec = spec
+
+
+class UnsupportedBase(PatchkitError):
+    """The base `spec` is served in a form patchkit does not read: `problem` (exit 2)."""
+
+    def __init__(self, spec: str, problem: str):
+        super().__init__(f"base {spec}: {problem}")
+        self.spec, self.problem = spec, problem
+
+
+class NoPlatformImage(PatchkitError):
+    """The base `spec`'s index has no one image for `platform`: `found` of them differ (0: none; the
+    platforms it `has` are listed) (exit 2)."""
+
+    def __init__(self, spec: str, platform: str, found: int, has: list[str]):
+        why = (f"has no {platform} image (it has: {', '.join(has) or 'none'})" if not found else
+               f"has {found} different {platform} images; name one by digest")
+        super().__init__(f"base {spec} {why}")
+        self.spec, self.platform, self.found, self.has = spec, platform, found, has
 
 
 class WrongPlatform(PatchkitError):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from patchkit.oci.layer import Entry, build_layer, iter_layer
 from patchkit.oci.layout import Layout, LocalBlob, write_layout
-from patchkit.oci.media import OCI_MANIFEST, canonical_json, sha256_digest
+from patchkit.oci.media import OCI_INDEX, OCI_MANIFEST, canonical_json, sha256_digest
 
 Files = dict[str, Entry]
 
@@ -62,7 +62,7 @@ def tampered(layout: Path, dest: Path, edit: Callable[[Files], None]) -> Path:
     blobs[layer.digest] = layer.blob
     blobs[sha256_digest(config_bytes)] = config_bytes
     blobs[sha256_digest(manifest_bytes)] = manifest_bytes
-    index = {"schemaVersion": 2, "manifests": [{"mediaType": OCI_MANIFEST, "digest": sha256_digest(manifest_bytes),
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [{"mediaType": OCI_MANIFEST, "digest": sha256_digest(manifest_bytes),
                                                  "size": len(manifest_bytes), "platform": {"architecture": "arm64", "os": "linux"}}]}
     write_layout(dest, index, blobs)
     return dest

@@ -175,3 +175,25 @@ def test_an_unlabelled_image_with_no_variant_named_is_refused_before_anything_ru
     assert error["kind"] == "error" and "no dev.patchkit.image label" in error["message"], error
     assert str(tmp_path / "base") in error["message"]
     assert not any(work.glob("rootfs-*"))
+
+
+def test_the_negative_cases_tampering_gives_a_readable_image_with_the_edit_in_its_top_layer(tmp_path):
+    """tests/image_tamper.py (what the proof's negative cases under qemu break images with:
+    tests/image_proof_arm64.py, outside this suite) writes a layout patchkit opens and assembles, with the edit
+    in its top layer and the layers below untouched: so those cases fail for what they plant, not for a
+    layout the tamperer broke (its index once lacked its mediaType and every case died on that)."""
+    from image_tamper import delete_in_base, move_file, tampered
+
+    layers = [tar_gz({"usr/lib/python3.13/dist-packages/dep/__init__.py": b"x = 1\n"}),
+              tar_gz({"usr/lib/python3.13/dist-packages/vllm/a.py": b"patched\n"})]
+    layout = _layers(tmp_path, layers)
+    moved = tampered(layout, tmp_path / "moved", move_file("usr/lib/python3.13/dist-packages/vllm/a.py",
+                                                           "usr/lib/python3.12/dist-packages/vllm/a.py"))
+    root = assemble(open_base(str(moved), ARM64), tmp_path / "root", tmp_path / "cache").root
+    assert (root / "usr/lib/python3.12/dist-packages/vllm/a.py").read_bytes() == b"patched\n"
+    assert not (root / "usr/lib/python3.13/dist-packages/vllm/a.py").exists()
+    assert (root / "usr/lib/python3.13/dist-packages/dep/__init__.py").read_bytes() == b"x = 1\n"
+    gone = tampered(layout, tmp_path / "gone", delete_in_base("usr/lib/python3.13/dist-packages/dep"))
+    root = assemble(open_base(str(gone), ARM64), tmp_path / "root2", tmp_path / "cache").root
+    assert not (root / "usr/lib/python3.13/dist-packages/dep").exists()
+    assert (root / "usr/lib/python3.13/dist-packages/vllm/a.py").read_bytes() == b"patched\n"

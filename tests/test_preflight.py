@@ -14,7 +14,6 @@ from patchkit.checkpoint.identity import PinMismatch, sha256_bytes
 from patchkit.checkpoint.memory import GB10_MEMORY_GIB
 from patchkit.checkpoint.preflight import NoMatchingVariant, detect_variant, preflight
 from patchkit.checkpoint.quant_config import InvalidQuantConfig, NoQuantConfig, QuantMismatch
-from patchkit.errors import PatchkitError
 from patchkit.images.definitions import series_named
 from patchkit.patching.patchset import load_patchset
 from patchkit.smoke.synthetic_config import write_header_set
@@ -219,7 +218,7 @@ def test_redhat_mixed_precision_layout_passes_group_by_group(tmp_path):
 
 
 def test_compressed_tensors_ignore_and_fused_shards(tmp_path):
-    from patchkit.vllm_rules import CompressedTensors
+    from patchkit.vllm_rules import CompressedTensors, QuantConfigRefused
 
     quant = {"format": "nvfp4-pack-quantized", "config_groups": {"g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float"}}},
              "ignore": ["re:.*shared_experts.*", "model.language_model.layers.0.mlp.gate_proj"]}
@@ -227,8 +226,19 @@ def test_compressed_tensors_ignore_and_fused_shards(tmp_path):
     assert ct.target_of("language_model.model.layers.3.mlp.shared_experts.down_proj", "RowParallelLinear") is None
     assert ct.target_of("language_model.model.layers.1.mlp.down_proj", "RowParallelLinear") == "Linear"
     # gate_proj ignored (its layer-path entry mapped to vLLM's name) but up_proj not: vLLM refuses the fused layer
-    with pytest.raises(PatchkitError, match="some of its fused shards are ignored"):
+    with pytest.raises(QuantConfigRefused, match="some of its fused shards are ignored") as err:
         ct.target_of("language_model.model.layers.0.mlp.gate_up_proj", "MergedColumnParallelLinear")
+    assert err.value.where == "language_model.model.layers.0.mlp.gate_up_proj"
+    # the three projections of expert 0 must agree (CompressedTensorsMoEMethod.get_moe_method)
+    split = {**quant, "ignore": ["re:.*experts\\.0\\.up_proj"]}
+    with pytest.raises(QuantConfigRefused, match="resolve to different schemes") as err:
+        CompressedTensors(split, "test").moe_scheme("language_model.model.layers.3.mlp.experts")
+    assert err.value.where == "language_model.model.layers.3.mlp.experts"
+    for bad, problem in (({"config_groups": [1]}, "config_groups is not an object"),
+                         ({"config_groups": {"g": {"weights": {}}}}, "config group 'g' has no targets list")):
+        with pytest.raises(QuantConfigRefused) as err:
+            CompressedTensors(bad, "hf_quant_config.json")
+        assert (err.value.where, err.value.problem) == ("hf_quant_config.json", problem)
     assert ct.moe_scheme("language_model.model.layers.3.mlp.experts")["group"] == "g"  # Linear -> RoutedExperts
 
 

@@ -23,6 +23,15 @@ from fnmatch import fnmatchcase
 
 from patchkit.errors import PatchkitError
 
+
+class QuantConfigRefused(PatchkitError):
+    """A checkpoint's quantization config that vLLM would not load, at `where` (the config, or the layer it
+    resolves): `problem` says what vLLM's own code refuses in it (exit 2)."""
+
+    def __init__(self, where: str, problem: str):
+        super().__init__(f"{where}: {problem}")
+        self.where, self.problem = where, problem
+
 # ---------------------------------------------------------------- the method a layout routes to
 
 # The quantization_config.quant_method values whose loader routes a layout to a method.
@@ -249,12 +258,12 @@ class CompressedTensors:
     def __init__(self, quant: dict, where: str) -> None:
         groups = quant.get("config_groups") or {}
         if not isinstance(groups, dict):
-            raise PatchkitError(f"{where}: config_groups is not an object")
+            raise QuantConfigRefused(where, "config_groups is not an object")
         self.default_format = quant.get("format")
         self.targets: dict[str, dict] = {}
         for name, group in groups.items():
             if not isinstance(group, dict) or not isinstance(group.get("targets"), list):
-                raise PatchkitError(f"{where}: config group {name!r} has no targets list")
+                raise QuantConfigRefused(where, f"config group {name!r} has no targets list")
             for target in group["targets"]:
                 self.targets[hf_to_vllm(target)] = {
                     "group": name, "weights": group.get("weights"), "input_activations": group.get("input_activations"),
@@ -268,7 +277,7 @@ class CompressedTensors:
                 try:
                     re.compile(pattern[3:])
                 except (re.error, RecursionError, OverflowError) as exc:
-                    raise PatchkitError(f"{where}: {pattern!r} is not a regular expression vLLM can compile: {exc}") from None
+                    raise QuantConfigRefused(where, f"{pattern!r} is not a regular expression vLLM can compile: {exc}") from None
 
     def _ignored(self, layer: str) -> bool:
         if any(_match(layer, e) for e in self.ignore):
@@ -278,7 +287,7 @@ class CompressedTensors:
             return False
         shards = [any(_match(layer.replace(proj, s), e) for e in self.ignore) for s in PACKED_MODULES[proj]]
         if any(shards) and not all(shards):
-            raise PatchkitError(f"{layer}: some of its fused shards are ignored and some not; vLLM refuses it")
+            raise QuantConfigRefused(layer, "some of its fused shards are ignored and some not; vLLM refuses it")
         return all(shards)
 
     def _target(self, layer: str, class_name: str) -> str | None:
@@ -305,7 +314,7 @@ class CompressedTensors:
         """CompressedTensorsMoEMethod.get_moe_method: expert 0's three projections must agree."""
         schemes = [self.scheme(f"{experts}.0.{p}", "RoutedExperts") for p in EXPERT_PROJECTIONS]
         if any(s != schemes[0] for s in schemes):
-            raise PatchkitError(f"{experts}: its expert projections resolve to different schemes; vLLM refuses the layer")
+            raise QuantConfigRefused(experts, "its expert projections resolve to different schemes; vLLM refuses the layer")
         return schemes[0]
 
     def algo(self, prefix: str, kind: str) -> str | None:

@@ -621,6 +621,7 @@ def test_a_push_holds_to_the_digest_its_proof_proved(base, base_ref, registry_se
     from patchkit.cli.main import main as cli
 
     name, host = IMAGE_4P67, registry_server.host
+    before = os.environ.get("PATCHKIT_CACHE_DIR")
     proved = run_build(name, tmp_path / "proved", base=base_ref, output=tmp_path / "proved" / "oci")
     digest = proved.built.digest
 
@@ -628,8 +629,10 @@ def test_a_push_holds_to_the_digest_its_proof_proved(base, base_ref, registry_se
         out = tmp_path / repo
         args = ["build", name, "--base", base_ref, "--proven", str(receipt), "--push", f"{host}/{repo}",
                 "--output", str(out), "--revision", revision, "--source-url", SOURCE, "--json"]
-        result = CliRunner().invoke(cli, ["--cache-dir", str(tmp_path / "proved" / "cache"), *args],
-                                    env={"SOURCE_DATE_EPOCH": str(EPOCH), "COLUMNS": "10000"})
+        # the cache as an environment variable CliRunner puts back after the call: --cache-dir would set it for
+        # the rest of this worker's tests (cli.options._cache_dir writes os.environ)
+        result = CliRunner().invoke(cli, args, env={"PATCHKIT_CACHE_DIR": str(tmp_path / "proved" / "cache"),
+                                                    "SOURCE_DATE_EPOCH": str(EPOCH), "COLUMNS": "10000"})
         return result, out
 
     good, out = push(_receipt(tmp_path / "good.json", digest, name), "out/proved")
@@ -646,9 +649,11 @@ def test_a_push_holds_to_the_digest_its_proof_proved(base, base_ref, registry_se
     }
     (tmp_path / "garbled.json").write_text('{"digest": 7}')
     refusals["out/garbled"] = (tmp_path / "garbled.json", REVISION, 2, "expected `str`, got `int` at $.digest")
+    assert os.environ.get("PATCHKIT_CACHE_DIR") == before
     for repo, (receipt, revision, code, said) in refusals.items():
         result, out = push(receipt, repo, revision)
         assert result.exit_code == code, (repo, result.output)
         assert said in json.loads(result.stdout)["error"]["message"], (repo, result.output)
         assert not out.exists(), repo
     assert not any(r.startswith(tuple(refusals)) for r in registry_server.catalog())
+    assert os.environ.get("PATCHKIT_CACHE_DIR") == before, "the test's cache leaked into the worker"

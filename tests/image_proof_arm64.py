@@ -106,6 +106,16 @@ def test_each_image_is_proved_in_its_own_python(image, built, images_dir, workdi
         assert any(n.startswith("import instanttensor.") for n in names), names   # its native module
 
 
+def _python313() -> str:
+    """A CPython 3.13 here (the base's minor: its bytecode is the only kind the image's Python loads)."""
+    import glob
+    import shutil
+
+    found = shutil.which("python3.13") or next(iter(sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.13*/bin/python3.13")))), None)
+    assert found, "a CPython 3.13 is needed to write the stub (pyenv install 3.13, or Debian's python3.13)"
+    return found
+
+
 def _broken(built, tmp_path, edit) -> str:
     layout, _ = built(MAIN)
     return str(tampered(layout, tmp_path / "broken", edit))
@@ -146,7 +156,7 @@ def test_a_bytecode_stub_over_a_patched_module_fails_naming_it(built, images_dir
     victim = _patched_paths(built)[0]
     stock = _base_file(built, victim, tmp_path)
     assert stock != dict(top_entries(built(MAIN)[0])[2])[victim].data
-    edit = bytecode_stub(victim, stock, "cpython-313")
+    edit = bytecode_stub(victim, stock, _python313())
     code, receipt = prove(_broken(built, tmp_path, edit), _variants_of(images_dir, MAIN), images_dir, workdir)
     head, _, tail = victim.rpartition("/")
     pyc = f"/{head}/__pycache__/{tail[:-3]}.cpython-313.pyc"

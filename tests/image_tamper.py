@@ -7,9 +7,8 @@ patched module, an extra wheel built for another Python, a dependency deleted by
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import marshal
+import subprocess
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -76,16 +75,22 @@ def move_file(old: str, new: str) -> Callable[[Files], None]:
     return edit
 
 
-def bytecode_stub(source_path: str, stock_source: bytes, cache_tag: str) -> Callable[[Files], None]:
-    """An unchecked hash-based .pyc of the stock source in the patched module's __pycache__: the
+def bytecode_stub(source_path: str, stock_source: bytes, python: str) -> Callable[[Files], None]:
+    """An unchecked hash-based .pyc of the stock source in the patched module's __pycache__, compiled and
+    marshalled by `python`, an interpreter of the image's own minor version (a code object marshalled by
+    another minor is no stub the image's Python runs: 3.11's crashed 3.13's loader under qemu): the
     interpreter runs it and never reads the patched .py beside it."""
     def edit(entries: Files) -> None:
         head, _, tail = source_path.rpartition("/")
-        pyc = f"{head}/__pycache__/{tail[:-3]}.{cache_tag}.pyc"
-        code = compile(stock_source, "/" + source_path, "exec", dont_inherit=True)
-        magic = MAGIC[cache_tag]
-        data = magic + (0b01).to_bytes(4, "little") + importlib.util.source_hash(stock_source) + marshal.dumps(code)
-        entries.pop(f"{head}/__pycache__/.wh.{tail[:-3]}.{cache_tag}.pyc", None)
+        script = ("import importlib.util, marshal, sys; src = sys.stdin.buffer.read(); "
+                  "sys.stdout.buffer.write(importlib.util.MAGIC_NUMBER + (1).to_bytes(4, 'little') + "
+                  f"importlib.util.source_hash(src) + marshal.dumps(compile(src, {'/' + source_path!r}, 'exec', "
+                  "dont_inherit=True)))")
+        tag = subprocess.run([python, "-c", "import sys; print(sys.implementation.cache_tag)"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        data = subprocess.run([python, "-c", script], input=stock_source, capture_output=True, check=True).stdout
+        pyc = f"{head}/__pycache__/{tail[:-3]}.{tag}.pyc"
+        entries.pop(f"{head}/__pycache__/.wh.{tail[:-3]}.{tag}.pyc", None)
         entries[pyc] = Entry(pyc, "file", data, 0o644)
     return edit
 
@@ -120,6 +125,4 @@ def delete_in_base(path: str) -> Callable[[Files], None]:
     return edit
 
 
-# CPython's bytecode magic per cache tag (importlib.util.MAGIC_NUMBER of each release line)
-MAGIC = {"cpython-312": (3531).to_bytes(2, "little") + b"\r\n", "cpython-313": (3571).to_bytes(2, "little") + b"\r\n"}
 

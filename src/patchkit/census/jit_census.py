@@ -132,8 +132,7 @@ def census(dist: str, version: str, *, progress: bool = False) -> list[Row]:
     source = open_release(dist, version, cache=cache, progress=progress)  # downloads and verifies once
     archive = cache.lookup(dist, version)
     if archive is None:  # verified a moment ago: another process dropped it from the cache meanwhile
-        raise SourceChanged(f"{dist} {version}", "the archive verified a moment ago",
-                            f"it left the cache {cache.downloads} meanwhile; run again")
+        raise PatchkitError(f"{dist} {version}: the archive just verified left the cache {cache.downloads}; run again")
     rows: list[Row] = []
     for unit in units_for(dist, version):
         kernels = [k for k in unit.kernels if not k.versions or Version(version) in SpecifierSet(k.versions)]

@@ -35,7 +35,7 @@ from patchkit.engine import NoEngine
 from patchkit.errors import PatchFailed
 from patchkit.images.build import build
 from patchkit.images.definitions import ARCH_ENV, load_image
-from patchkit.images.engine import build_with_engine, render_context
+from patchkit.images.engine import build_with_engine, dockerfile, render_context
 from patchkit.images.new_layer import BYTECODE_STUB
 from patchkit.images.prepare import BaseUnusable, ImageIdIsNoBase, prepare
 from patchkit.oci.layer import whited_out
@@ -657,3 +657,15 @@ def test_a_push_holds_to_the_digest_its_proof_proved(base, base_ref, registry_se
         assert not out.exists(), repo
     assert not any(r.startswith(tuple(refusals)) for r in registry_server.catalog())
     assert os.environ.get("PATCHKIT_CACHE_DIR") == before, "the test's cache leaked into the worker"
+
+
+def test_recovers_reading_of_a_build_history_follows_the_dockerfile_it_renders():
+    """images.leftovers.built_by_patchkit knows patchkit's --load steps above its LABEL by keyword
+    (_ABOVE_LABEL); images.engine.dockerfile is what writes them: a step added, moved or dropped there breaks
+    this test, not a user's image (recover would then keep patchkit's leftovers or take a user's)."""
+    from patchkit.images.leftovers import _ABOVE_LABEL
+
+    text = dockerfile("x", "base@sha256:" + "0" * 64, "ADD layer.tar /", {"a": "1"}, {"E": "1"}, labels_first=True)
+    keywords = [line.split()[0] for line in text.splitlines() if line and not line.startswith(("#", " "))]
+    assert keywords[:2] == ["FROM", "LABEL"] and tuple(keywords[2:]) == _ABOVE_LABEL, keywords
+

@@ -158,6 +158,34 @@ def test_a_missing_dependency_fails_the_import_naming_the_importing_file(tmp_pat
     assert len(bad) == 1 and str(path) in bad[0] and "No module named 'dependency_the_image_lacks'" in bad[0]
 
 
+def _installed_wheel(site: Path, files: dict[str, bytes]) -> dict:
+    """A wheel as pip lays it out: its files and a RECORD with each one's digest (the entry in_image reads)."""
+    import base64
+
+    rows = []
+    for rel, data in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_bytes(data)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.append(f"{rel},sha256={digest},{len(data)}")
+    (site / "extrawheel-1.0.dist-info").mkdir()
+    (site / "extrawheel-1.0.dist-info" / "RECORD").write_text("\n".join(rows) + "\n")
+    return {"name": "extrawheel", "site": str(site), "dist_info": "extrawheel-1.0.dist-info"}
+
+
+def test_a_native_module_of_another_python_fails_naming_it_not_as_a_missing_module(tmp_path):
+    """HAND-WRITTEN wheel (the bytes are not loaded): `_C.cpython-312-*.so` ends in `.so`, a suffix every
+    CPython loads, yet it is another Python's module. Under qemu the proof named it only as an import that
+    failed (ModuleNotFoundError of `extrawheel._C.cpython-312-aarch64-linux-gnu`); the check names the file
+    and the Python it is not for, and imports nothing of it."""
+    other = "cpython-312" if sys.implementation.cache_tag != "cpython-312" else "cpython-311"
+    so = f"extrawheel/_C.{other}-aarch64-linux-gnu.so"
+    entry = _installed_wheel(tmp_path, {"extrawheel/__init__.py": b"", so: b"\x7fELF"})
+    bad = [c["detail"] for c in _check(tmp_path, {"wheels": [entry]}) if not c["ok"]]
+    assert len(bad) == 1 and bad[0].startswith(f"{tmp_path / so}: a native module this Python"), bad
+    assert bad[0].endswith("built for another Python"), bad
+
+
 def test_an_unlabelled_image_with_no_variant_named_is_refused_before_anything_runs(tmp_path):
     """`patchkit smoke-image LAYOUT` with no VARIANT proves what the image's dev.patchkit.image label serves;
     a base carries none, so there is nothing to choose from: exit 2 naming the layout, no root assembled."""

@@ -134,8 +134,10 @@ def check_wheel(entry: dict) -> list[dict]:
     modules = list(entry.get("modules") or [])
     for native in natives:
         rel = native[len(site) + 1:]
-        suffix = next((s for s in suffixes if rel.endswith(s)), None)
-        if suffix is None:
+        # A module's name holds no dot, so all after the first dot of the file name is its suffix: a
+        # `.cpython-312-...so` is another Python's even though it ends in `.so`, which this one also loads.
+        suffix = "." + os.path.basename(rel).partition(".")[2]
+        if suffix not in suffixes:
             out.append({"name": f"native {native}", "ok": False,
                         "detail": f"{native}: a native module this Python ({sys.implementation.cache_tag}) does not "
                                   f"load, its suffixes are {', '.join(suffixes)}: built for another Python"})

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,20 @@ def test_plugin_records_each_outcome(tmp_path, workers):
     assert json.loads(out.read_text()) == {"test_kinds.py::test_fails": "failed", "test_kinds.py::test_param[a b]": "passed"}
 
 
+FIRST_RANGE = 'vllm = ">=0.30.0,<0.34"'  # the first form's claim: the patch's range on the day it was written
+
+
+def _first_form_over(patches: Path) -> str:
+    """The first form planted with the range the patch claims now: its one edit's anchor, glm47_moe_config's
+    (TOOL_ARGS, "TOOL_END") transition, is the same text on every release 0.30.0 - 0.34.0, so the planted
+    bug meets each release the series is tested on, not only those of its day (the planner still asserts
+    the anchor on the release under test)."""
+    first = FIRST_FORM.read_text()
+    assert first.count(FIRST_RANGE) == 1
+    now = tomllib.loads((patches / "glm47-tool-args-think-end" / "patch.toml").read_text())["vllm"]
+    return first.replace(FIRST_RANGE, f"vllm = {json.dumps(now)}")
+
+
 def _gate(patches: Path, workdir: Path, record: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "patchkit.gate", "--patches", str(patches), "--workdir", str(workdir),
                            "--narrow", "tests/parser/engine/test_ufffd_reasoning_transition.py",
@@ -125,15 +140,15 @@ def _gate(patches: Path, workdir: Path, record: Path) -> subprocess.CompletedPro
 def test_gate_names_a_planted_patch(tmp_path, vllm_release):
     """With the planted first form in the series: exit 1, each differing id passed on stock, fails patched,
     and is named for glm47-tool-args-think-end (left out, the stock outcome comes back); on every release
-    where the first form applies. The series as it is passes first, in the same workspace, so the planted
-    run finds the stock outcomes remembered (gate/memo.py) and must still catch the patch: its differing ids
-    rerun on both trees fresh."""
+    the series claims (the first form's edit, planted with today's range). The series as it is passes first,
+    in the same workspace, so the planted run finds the stock outcomes remembered (gate/memo.py) and must
+    still catch the patch: its differing ids rerun on both trees fresh."""
     good = _gate(REPO / "patches", tmp_path / "work", tmp_path / "series.json")
     assert good.returncode == 0, good.stderr[-3000:]
     assert json.loads((tmp_path / "series.json").read_text())["stock_remembered_from"] is None
     planted = tmp_path / "patches"
     shutil.copytree(REPO / "patches", planted)
-    shutil.copy(FIRST_FORM, planted / "glm47-tool-args-think-end" / "patch.toml")
+    (planted / "glm47-tool-args-think-end" / "patch.toml").write_text(_first_form_over(REPO / "patches"))
     record = tmp_path / "planted.json"
     bad = _gate(planted, tmp_path / "work", record)
     assert bad.returncode == 1, bad.stderr[-3000:]

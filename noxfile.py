@@ -9,7 +9,7 @@ less the CUDA-only kernel packages and media decoders (flashinfer, tilelang, cut
 that module's LEFT_OUT says why each), then the release's wheel with --no-deps, then patchkit's own test
 requirements (requirements/modelopt-test.txt, requirements/vllm-tests.txt, patchkit[test]). No file per
 release is written by hand: a new release's environment is its own list. They live in the user cache
-directory (not .nox/ in the checkout) so a clean clone in CI reuses them. `tests` is the pinned 0.33.0's
+directory (not .nox/ in the checkout) so a clean clone in CI reuses them. `tests` is the pinned 0.34.0's
 environment and runs the whole suite; each other release runs only the release-sensitive tests
 (RELEASE_SENSITIVE), whose outcome is recorded per release (tests/release_record.py) and checked against
 every patch's `vllm` range (tests/ran_where.py, which also writes README's "What ran where").
@@ -25,7 +25,7 @@ torch: every `release-<v>` gets exactly the torch and torchvision its release de
 builds run on the CPU (0.30.0-0.32.0: 2.13.0 + 0.28.0; 0.34.0: 2.14.0 + 0.29.0; the CPU build of 2.13.0
 on this machine's disk has no torchvision that imports beside it). They are built with uv: its cache
 (the user cache directory) hard-links one download of a torch stack (~4 GB, once) into every release that
-declares it, where pip would unpack ~5 GB per environment. The pinned 0.33.0 (`tests`) declares 2.14.0
+declares it, where pip would unpack ~5 GB per environment. The pinned 0.34.0 (`tests`) declares 2.14.0
 + 0.29.0; it keeps pip and 2.14.1 + torchvision 0.29.1 from this machine's disk (a patch release of the
 same API, TESTS_TORCH) instead of another multi-GB download in CI.
 
@@ -61,7 +61,7 @@ CACHE = Path(os.environ["PATCHKIT_CACHE_DIR"]).expanduser() if os.environ.get("P
 sys.path.insert(0, str(ROOT / "src"))
 from patchkit import PINNED_VLLM as PINNED  # noqa: E402
 from patchkit import SUPPORTED_VLLM as RELEASES  # noqa: E402
-from patchkit.patching.test_files import behaviour_test_file  # noqa: E402  (imports nothing either)
+from patchkit.patching.test_files import behaviour_test_file, beyond_the_pin  # noqa: E402  (stdlib and packaging)
 
 # `nox -s tests` runs the whole suite on the pinned release and the gate; the release-sensitive tests on the
 # other releases run in `nox -s tests-releases` (the daily workflow), whose cells README's table keeps with
@@ -74,7 +74,7 @@ RELEASE_SENSITIVE = ("tests/patches", "tests/test_smoke_cpu.py", "tests/test_ser
 RESULTS = CACHE / "results"  # one record per release run (tests/release_record.py)
 
 # The pinned release's `tests` environment: torch 2.14.1 + torchvision 0.29.1 from this machine's disk for the
-# 2.14.0 + 0.29.0 vLLM 0.33.0 declares (a patch release of the same API; the release-<v> sessions take exactly
+# 2.14.0 + 0.29.0 the pinned vLLM declares (0.33.0 and 0.34.0 alike; a patch release of the same API; the release-<v> sessions take exactly
 # what their release declares).
 TESTS_TORCH = ("torch==2.14.1", "torchvision==0.29.1")
 # pip in every vLLM test environment, pinned (uv makes them without one): the suite's reference installer
@@ -186,9 +186,11 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=TEST_PYTHON, requires=["lint"])
 def tests(session: nox.Session) -> None:
     """`lint` first (required: a finding fails the run before the suite starts); then the whole suite against
-    real vLLM 0.33.0, real vLLM sources and a real local OCI registry; then the release-sensitive tests on
-    each release of DEFAULT_OLDER (none today: the daily workflow runs them), the What-ran-where check, and
-    vLLM 0.33.0's own tests for the serving area, stock against patched (`vllm-tests-0.33.0 -- --subset ci`)."""
+    the pinned vLLM (0.34.0), real vLLM sources and a real local OCI registry; then the release-sensitive
+    tests on each release of DEFAULT_OLDER (none today: the daily workflow runs them), the behaviour tests
+    of each patch the pin is outside of, on the newest release it claims (beyond_the_pin: nope-mla-pad on
+    0.33.0), the What-ran-where check, and the pinned release's own tests for the serving area, stock
+    against patched (`vllm-tests-0.34.0 -- --subset ci`)."""
     install_vllm_env(session, PINNED, replace=TESTS_TORCH)
     install_actionlint(session)
     if not session.posargs:  # this run's releases: no record of an earlier run may stand in for this one's
@@ -200,6 +202,10 @@ def tests(session: nox.Session) -> None:
     if not session.posargs:
         for release in DEFAULT_OLDER:
             session.notify(f"release-{release}")
+        # What the pinned suite skips (out of range) but the images carry: on the day-0 base, a 0.30.0-layout
+        # vLLM, nope-mla-pad (<0.34) is in every image (images/glm53-flash-nvfp4/image.toml).
+        for release, files in beyond_the_pin(ROOT / "patches", PINNED, RELEASES).items():
+            session.notify(f"release-{release}", posargs=files)
         session.notify("what-ran-where", posargs=[PINNED, *DEFAULT_OLDER])
         # vLLM's own tests, stock against patched, on the part CI's budget holds (the rest: daily)
         session.notify(f"vllm-tests-{PINNED}", posargs=["--subset", "ci"])
@@ -331,7 +337,7 @@ def what_ran_where(session: nox.Session) -> None:
 
 
 def _env_python(release: str) -> Path:
-    """The interpreter of a release's test environment (0.33.0's is the `tests` session's)."""
+    """The interpreter of a release's test environment (the pinned release's is the `tests` session's)."""
     name = "tests" if release == PINNED else f"release-{release.replace('.', '-')}"
     return CACHE / "nox" / name / "bin" / "python"
 
@@ -368,7 +374,7 @@ def verify(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def killloop(session: nox.Session) -> None:
-    """1,000 SIGKILLs of apply/revert on a real vLLM 0.33.0 tree, each settled by the next command (the
+    """1,000 SIGKILLs of apply/revert on a real tree of the pinned vLLM, each settled by the next command (the
     default tests run a few dozen). In the `tests` environment: run that first. PATCHKIT_KILL_SEED replays."""
     session.env.update({"PATCHKIT_REQUIRE_VLLM": "1", "PATCHKIT_KILL_TRIALS": os.environ.get("PATCHKIT_KILL_TRIALS", "1000")})
     session.run(str(CACHE / "nox" / "tests" / "bin" / "python"), "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",

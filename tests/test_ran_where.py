@@ -212,3 +212,40 @@ def test_the_plugin_records_commit_and_narrowing(tmp_path):
     assert written["deselected"] == ["test_x.py::test_b"] and written["selection"] == ["test_x.py"]
     assert not written["stopped_early"]
     assert msgspec.json.decode(target.read_bytes(), type=RunRecord).commit == written["commit"]
+
+
+def test_the_pinned_run_tests_every_patch_an_image_carries_on_a_release_it_claims():
+    """`nox -s tests` runs the whole suite on the pin and, through beyond_the_pin, each patch the pin is outside
+    of on the newest supported release it claims: every patch of every image's series is behaviour-tested by
+    CI's run, none only skipped as out of range (nope-mla-pad, <0.34, stays in every image on the pin 0.34.0)."""
+    from patchkit import PINNED_VLLM
+    from patchkit.images.definitions import every_series
+    from patchkit.patching.test_files import behaviour_test_file, beyond_the_pin
+
+    patchset = load_patchset(REPO / "patches")
+    beyond = beyond_the_pin(REPO / "patches", PINNED_VLLM, SUPPORTED_VLLM)
+    scheduled = {f: release for release, files in beyond.items() for f in files}
+    carried = {p for series in every_series(REPO / "images", patchset).values() for p in series}
+    for patch in patchset.series(sorted(carried, key=patchset.order.index)):
+        claims = patch.ranges["vllm"]
+        if Version(PINNED_VLLM) in claims:
+            assert behaviour_test_file(patch.id) not in scheduled, patch.id  # the pinned suite runs it already
+            continue
+        release = scheduled.get(behaviour_test_file(patch.id))
+        assert release is not None, f"{patch.id} ({claims}) is in an image but no run of CI tests it"
+        assert release == max((r for r in SUPPORTED_VLLM if Version(r) in claims), key=Version), patch.id
+
+
+def test_beyond_the_pin_takes_the_newest_claimed_release_and_leaves_out_what_claims_none(tmp_path):
+    """HAND-WRITTEN patch folders (only the `vllm` key is read): inside the pin, out of it, and claiming
+    no supported release."""
+    from patchkit.patching.test_files import beyond_the_pin
+
+    for patch_id, claims in [("kept", ">=0.30.0,<0.35"), ("retired", ">=0.30.0,<0.33"),
+                             ("also-retired", "<0.33"), ("future", ">=0.99")]:
+        (tmp_path / patch_id).mkdir()
+        (tmp_path / patch_id / "patch.toml").write_text(f'vllm = "{claims}"\n')
+    releases = ("0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
+    assert beyond_the_pin(tmp_path, "0.34.0", releases) == {
+        "0.32.0": ["tests/patches/test_also_retired.py", "tests/patches/test_retired.py"]}
+    assert beyond_the_pin(tmp_path, "0.32.0", releases) == {}  # every patch claiming a release holds 0.32.0

@@ -5,17 +5,14 @@ naming the document and, for a wrong shape, the JSON path (`$.layers[0].size`) a
 from __future__ import annotations
 
 import json
-import re
 from typing import TypeVar
 
 import msgspec
 
 from patchkit.errors import PatchkitError
+from patchkit.validation import problem_and_path
 
 T = TypeVar("T")
-
-_AT = re.compile(r"^(?P<problem>.*?)(?: - at `(?P<at>\$[^`]*)`)?$", re.S)
-
 
 class MalformedJson(PatchkitError):
     """A JSON document that does not parse or has the wrong shape (exit 2). `what` names the document,
@@ -61,10 +58,7 @@ def decode(data: bytes, schema: type[T], what: str) -> T:
     try:
         return msgspec.json.decode(data, type=schema)
     except msgspec.ValidationError as exc:
-        m = _AT.match(str(exc))
-        assert m is not None  # every group is optional: the pattern matches any message
-        problem = m.group("problem")
-        raise MalformedJson(what, problem[:1].lower() + problem[1:], m.group("at") or "$") from None
+        raise MalformedJson(what, *problem_and_path(exc)) from None
     except msgspec.DecodeError as exc:
         raise MalformedJson(what, f"not valid JSON: {exc}") from None
     except RecursionError:

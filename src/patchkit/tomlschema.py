@@ -20,6 +20,7 @@ import msgspec
 
 from patchkit.errors import PatchkitError
 from patchkit.untrusted import read_file
+from patchkit.validation import problem_and_path
 
 T = TypeVar("T")
 
@@ -45,7 +46,6 @@ class NoDefinitionFiles(PatchkitError):
         super().__init__(f"no {file} under {folder}")
 
 
-_AT = re.compile(r"^(?P<what>.*?)(?: - at `(?P<path>\$[^`]*)`)?$", re.S)
 _STEP = re.compile(r"\.([A-Za-z0-9_-]+)|\[(\d+)\]|\[['\"]([^'\"]+)['\"]\]")
 
 
@@ -83,10 +83,8 @@ def decode(data: bytes, schema: type[T], path: Path | str) -> T:
     try:
         return msgspec.toml.decode(data, type=schema)
     except msgspec.ValidationError as exc:
-        m = _AT.match(str(exc))
-        assert m is not None  # every group is optional: the pattern matches any message
-        at = _name_free_key(data, schema, m.group("path") or "$")
-        what = m.group("what")[0].lower() + m.group("what")[1:]
+        what, json_path = problem_and_path(exc)
+        at = _name_free_key(data, schema, json_path)
         what = what.replace("object contains unknown field", "unknown key").replace(
             "object missing required field", "missing required key")
         problem = "unknown-key" if what.startswith("unknown key") else (

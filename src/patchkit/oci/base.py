@@ -45,7 +45,7 @@ def default_cache() -> Path:
 class Base:
     """The image a build adds its layer to, as every build route knows it: a registry or layout base read
     daemonless (`BaseImage`, also what the --engine route plans on) or the local engine's copy of it
-    (`images.local.LocalBase`, the --load route). The annotations naming the base (images.labels) read
+    (`images.engine_files.LocalBase`, the --load route). The annotations naming the base (images.labels) read
     these fields, and only these."""
 
     spec: str                     # as given (image.toml or --base)

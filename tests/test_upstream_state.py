@@ -18,7 +18,18 @@ from pathlib import Path
 import pytest
 
 from patchkit.patching.patchset import load_patchset
-from patchkit.upstream.upstream_state import RecordedAnswers, api_path, tracked_states
+from patchkit.upstream.upstream_state import (
+    GhAnswers,
+    GitHubCliFailed,
+    GitHubCliMissing,
+    NoRecordedAnswer,
+    NotAnAnswersFolder,
+    RecordedAnswers,
+    TrackedItemMismatch,
+    TrackedKindMismatch,
+    api_path,
+    tracked_states,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 ANSWERS = REPO / "tests" / "data" / "github-api"
@@ -109,6 +120,12 @@ def test_an_answer_for_another_object_is_refused(tmp_path):
     (answers / PR / "55201.json").write_text(json.dumps(other))  # a redirect to, or a mix-up with, #55277
     out = patchkit("upstream", "--answers", answers)
     assert out.returncode == 2 and "#55277" in out.stderr and "not the pr asked for" in out.stderr
+    with pytest.raises(TrackedItemMismatch) as err:
+        tracked_states([load_patchset(REPO / "patches").patch("pool-topk-init")], RecordedAnswers(answers))
+    assert (err.value.source, err.value.answered, err.value.kind) == (str(answers / PR / "55201.json"), 55277, "pr")
+    assert err.value.answered_url == other["html_url"]
+    assert err.value.expected_url == "https://github.com/vllm-project/vllm/pull/55201"
+    assert err.value.patch_toml == REPO / "patches" / "pool-topk-init" / "patch.toml"
 
 
 def test_an_issue_that_is_a_pull_request_names_the_fix(tmp_path):
@@ -119,6 +136,10 @@ def test_an_issue_that_is_a_pull_request_names_the_fix(tmp_path):
     issue.write_text(json.dumps(answer))
     out = patchkit("upstream", "--answers", answers)
     assert out.returncode == 2 and 'set kind = "pr"' in out.stderr
+    with pytest.raises(TrackedKindMismatch) as err:
+        tracked_states([load_patchset(REPO / "patches").patch("glm53-always-think")], RecordedAnswers(answers))
+    assert (err.value.repo, err.value.number, err.value.url) == ("vllm-project/vllm", 54744, answer["html_url"])
+    assert err.value.patch_toml == REPO / "patches" / "glm53-always-think" / "patch.toml"
 
 
 def test_an_oversized_answer_is_refused_unread(tmp_path):
@@ -131,6 +152,17 @@ def test_a_missing_answer_says_how_to_record_it(tmp_path):
     (answers / PR / "53969.json").unlink()
     out = patchkit("upstream", "--answers", answers)
     assert out.returncode == 2 and f"gh api {PR}/53969 >" in out.stderr
+    with pytest.raises(NoRecordedAnswer) as err:
+        RecordedAnswers(answers).read(f"{PR}/53969")
+    assert (err.value.folder, err.value.api_path) == (answers, f"{PR}/53969")
+
+
+def test_answers_that_are_not_a_folder_are_refused(tmp_path):
+    answers = tmp_path / "answers.json"  # the one answer given where the folder of them is asked for
+    answers.write_text((ANSWERS / PR / "55201.json").read_text())
+    with pytest.raises(NotAnAnswersFolder) as err:
+        RecordedAnswers(answers)
+    assert err.value.folder == answers
 
 
 def stand_in_gh(tmp_path: Path, body: str) -> Path:
@@ -157,6 +189,13 @@ def test_gh_failing_is_exit_2_with_its_message(tmp_path):
     gh = stand_in_gh(tmp_path, 'echo "gh: Not Found (HTTP 404)" >&2\nexit 1\n')
     out = patchkit("upstream", "--gh", gh, "--patch", "pool-topk-init")
     assert out.returncode == 2 and "HTTP 404" in out.stderr and f"{PR}/55201" in out.stderr
+    with pytest.raises(GitHubCliFailed) as err:
+        GhAnswers(str(gh)).read(f"{PR}/55201")
+    assert (err.value.gh, err.value.api_path, err.value.detail) == (str(gh), f"{PR}/55201", "gh: Not Found (HTTP 404)")
+    silent = stand_in_gh(tmp_path, "exit 4\n")  # fails saying nothing: how it ended is the detail
+    with pytest.raises(GitHubCliFailed) as err:
+        GhAnswers(str(silent)).read(f"{PR}/55201")
+    assert err.value.detail == "exit status 4"
 
 
 def test_an_endless_gh_answer_is_cut_at_the_limit(tmp_path):
@@ -168,6 +207,10 @@ def test_an_endless_gh_answer_is_cut_at_the_limit(tmp_path):
 def test_no_gh_at_all_says_what_to_do(tmp_path):
     out = patchkit("upstream", "--gh", tmp_path / "no-such-gh")
     assert out.returncode == 2 and "--answers DIR" in out.stderr
+    with pytest.raises(GitHubCliMissing) as err:
+        GhAnswers(str(tmp_path / "no-such-gh")).read(f"{PR}/55201")
+    assert (err.value.gh, err.value.api_path) == (str(tmp_path / "no-such-gh"), f"{PR}/55201")
+    assert err.value.reason == os.strerror(2)  # ENOENT, as the operating system words it
 
 
 def test_write_still_regenerates_upstream_md(tmp_path):

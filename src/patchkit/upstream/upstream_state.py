@@ -34,6 +34,65 @@ GH_TIMEOUT_S = 60.0
 _RELEASE = re.compile(r"v?(\d+(?:\.\d+)+(?:[a-z0-9.+-]*)?)")
 
 
+class NotAnAnswersFolder(PatchkitError):
+    """`--answers` `folder` is not a directory of recorded GitHub API answers (exit 2)."""
+
+    def __init__(self, folder: Path):
+        super().__init__(f"--answers {folder}: not a directory of recorded GitHub API answers")
+        self.folder = folder
+
+
+class NoRecordedAnswer(PatchkitError):
+    """The recorded answers `folder` holds no answer for `api_path` (no `DIR/<api_path>.json`) (exit 2); the
+    message says how to record it."""
+
+    def __init__(self, folder: Path, api_path: str):
+        path = folder / f"{api_path}.json"
+        super().__init__(f"{path}: no recorded answer for {api_path}; record it with "
+                         f"`gh api {api_path} > {path}` (or `patchkit upstream --record {folder}`)")
+        self.folder, self.api_path = folder, api_path
+
+
+class GitHubCliMissing(PatchkitError):
+    """GitHub's CLI `gh` cannot be run to read `api_path`: `reason` (the operating system's) (exit 2)."""
+
+    def __init__(self, gh: str, api_path: str, reason: str):
+        super().__init__(f"`{gh} api {api_path}`: cannot run GitHub's CLI ({reason}); install gh, or read "
+                         "recorded answers with --answers DIR")
+        self.gh, self.api_path, self.reason = gh, api_path, reason
+
+
+class GitHubCliFailed(PatchkitError):
+    """`gh` api `api_path` (GitHub's CLI, `gh` the command run) failed: `detail` is the end of its standard
+    error, else how it ended (exit 2)."""
+
+    def __init__(self, gh: str, api_path: str, detail: str):
+        super().__init__(f"`{gh} api {api_path}` failed: {detail}")
+        self.gh, self.api_path, self.detail = gh, api_path, detail
+
+
+class TrackedKindMismatch(PatchkitError):
+    """`repo`#`number` is tracked as an issue in `patch_toml` but GitHub answers a pull request at `url`
+    (exit 2): its kind should be "pr"."""
+
+    def __init__(self, patch_toml: Path, repo: str, number: int, url: str):
+        super().__init__(f"{patch_toml}: {repo}#{number} is tracked as an issue but GitHub answers a pull "
+                         f"request ({url}): set kind = \"pr\"")
+        self.patch_toml, self.repo, self.number, self.url = patch_toml, repo, number, url
+
+
+class TrackedItemMismatch(PatchkitError):
+    """GitHub's answer `source` is #`answered` at `answered_url`, not the `kind` (pr or issue) tracked in
+    `patch_toml` at `expected_url` (exit 2): moved, renamed, or a mixed-up answer."""
+
+    def __init__(self, source: str, answered: int, answered_url: str, kind: str, expected_url: str,
+                 patch_toml: Path):
+        super().__init__(f"{source}: GitHub's answer is #{answered} at {answered_url}, not the {kind} asked for "
+                         f"({expected_url}); moved or renamed? update {patch_toml}")
+        self.source, self.answered, self.answered_url = source, answered, answered_url
+        self.kind, self.expected_url, self.patch_toml = kind, expected_url, patch_toml
+
+
 class Milestone(msgspec.Struct):
     title: str
 
@@ -77,14 +136,13 @@ class RecordedAnswers:
 
     def __init__(self, folder: Path):
         if not folder.is_dir():
-            raise PatchkitError(f"--answers {folder}: not a directory of recorded GitHub API answers")
+            raise NotAnAnswersFolder(folder)
         self.folder = folder
 
     def read(self, api_path: str) -> tuple[bytes, str]:
         path = self.folder / f"{api_path}.json"
         if not path.exists():
-            raise PatchkitError(f"{path}: no recorded answer for {api_path}; record it with "
-                                f"`gh api {api_path} > {path}` (or `patchkit upstream --record {self.folder}`)")
+            raise NoRecordedAnswer(self.folder, api_path)
         return read_file(path, "github-answer"), str(path)
 
 
@@ -103,12 +161,11 @@ class GhAnswers:
             finished = run_bounded([self.gh, "api", api_path], timeout=GH_TIMEOUT_S, kind="github-answer", what=what,
                                    stderr_apart=True)
         except OSError as exc:
-            raise PatchkitError(f"{what}: cannot run GitHub's CLI ({exc.strerror or exc}); install gh, or read "
-                                "recorded answers with --answers DIR") from None
+            raise GitHubCliMissing(self.gh, api_path, str(exc.strerror or exc)) from None
         if finished.code != 0:
             detail = finished.errors.decode("utf-8", "replace").strip()[-500:] or (
                 f"killed after {GH_TIMEOUT_S:.0f} s" if finished.code < 0 else f"exit status {finished.code}")
-            raise PatchkitError(f"{what} failed: {detail}")
+            raise GitHubCliFailed(self.gh, api_path, detail)
         if self.record_to is not None:  # replayable later with --answers
             atomic_write(self.record_to / f"{api_path}.json", finished.output)
         return finished.output, what
@@ -182,10 +239,9 @@ def read_state(patch: Patch, tracked: TrackedTable, answers: Answers) -> Tracked
     expected = tracked_url(tracked)
     if answer.number != tracked.number or answer.html_url.lower() != expected.lower():
         if isinstance(answer, IssueAnswer) and answer.pull_request is not None:
-            raise PatchkitError(f"{patch.folder / 'patch.toml'}: {tracked.repo}#{tracked.number} is tracked as an "
-                                f"issue but GitHub answers a pull request ({answer.html_url}): set kind = \"pr\"")
-        raise PatchkitError(f"{source}: GitHub's answer is #{answer.number} at {answer.html_url}, not the "
-                            f"{tracked.kind} asked for ({expected}); moved or renamed? update {patch.folder / 'patch.toml'}")
+            raise TrackedKindMismatch(patch.folder / "patch.toml", tracked.repo, tracked.number, answer.html_url)
+        raise TrackedItemMismatch(source, answer.number, answer.html_url, tracked.kind, expected,
+                                  patch.folder / "patch.toml")
     state: str  # open | merged | closed | closed (<reason>): TrackedState.state
     if isinstance(answer, PullAnswer):
         state = "merged" if answer.merged else answer.state

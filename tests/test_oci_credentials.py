@@ -10,8 +10,10 @@ import stat
 
 import pytest
 
+from hostile_registry import Answer, HostileRegistry
 from patchkit.errors import PatchkitError
-from patchkit.oci.registry import _credentials
+from patchkit.oci.registry import RegistryClient, UnreadableCredentials, _credentials
+from patchkit.oci.transport import CredentialsNeeded, UnsupportedAuth
 
 HOST = "127.0.0.1:5999"
 
@@ -72,3 +74,35 @@ def test_a_broken_config_is_a_clear_error_naming_it(docker_config):
     (docker_config / "docker" / "config.json").write_text('{"auths": ')
     with pytest.raises(PatchkitError, match=r"config\.json"):
         _credentials(HOST)
+
+
+@pytest.mark.filterwarnings("ignore:docker-credential-absent not installed")  # the docker SDK's, before it raises
+@pytest.mark.parametrize("store", ["absent", "broken"])
+def test_a_credential_helper_that_cannot_answer_is_a_clear_error_naming_the_file(store, docker_config):
+    """A credsStore naming a helper not on PATH, or one that fails other than "not found"."""
+    if store == "broken":
+        script = docker_config / "bin" / "docker-credential-broken"
+        script.write_text("#!/bin/sh\necho 'the keyring is locked'\nexit 3\n")
+        script.chmod(0o755)
+    write_config(docker_config, {"credsStore": store})
+    with pytest.raises(UnreadableCredentials) as err:
+        _credentials(HOST)
+    assert (err.value.path, err.value.registry) == (str(docker_config / "docker" / "config.json"), HOST)
+    assert f"docker-credential-{store}" in err.value.problem
+
+
+@pytest.mark.parametrize("challenge, kind, scheme", [
+    ('Basic realm="hostile"', CredentialsNeeded, None),  # asked for a login, and none is stored
+    ('Negotiate', UnsupportedAuth, "negotiate"),
+    ('Bearer service="hostile"', UnsupportedAuth, "bearer"),  # a bearer challenge without the realm to ask
+])
+def test_a_registry_challenge_patchkit_cannot_answer_is_refused(challenge, kind, scheme, docker_config):
+    """tests/hostile_registry.py answers the manifest with a 401 and the challenge (the real docker-registry
+    here runs without auth)."""
+    with HostileRegistry() as reg:
+        reg.route("GET", "/v2/x/y/manifests/base", Answer(401, b"", {"WWW-Authenticate": challenge}))
+        with pytest.raises(kind) as err:
+            RegistryClient(reg.host).get_manifest("x/y", "base")
+    assert err.value.registry == reg.host
+    if scheme is not None:
+        assert err.value.scheme == scheme

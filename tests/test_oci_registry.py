@@ -7,8 +7,8 @@ import pytest
 from patchkit.errors import PatchkitError
 from patchkit.oci.media import OCI_MANIFEST, canonical_json, sha256_digest
 from patchkit.oci.progress import Quiet
-from patchkit.oci.registry import Outcome, Reference, RegistryClient
-from patchkit.oci.transport import RegistryError, RegistryUnreachable
+from patchkit.oci.registry import NotAnImageReference, Outcome, Reference, RegistryClient
+from patchkit.oci.transport import BadRetrySetting, RegistryError, RegistryUnreachable
 from registry import free_port, registry_server  # noqa: F401  (session fixture)
 
 pytestmark = pytest.mark.registry
@@ -45,8 +45,25 @@ def test_reference_parse(text, registry, repo, tag, digest):
 
 @pytest.mark.parametrize("bad", ["Upper/Case", "a::b", "x@sha256:123", ""])
 def test_bad_references_are_refused(bad):
-    with pytest.raises(PatchkitError, match="not an image reference"):
+    with pytest.raises(NotAnImageReference) as err:
         Reference.parse(bad)
+    assert err.value.text == bad
+
+
+@pytest.mark.parametrize("attempts, backoff, read", [
+    ("three", "", ("three", "")),      # not numbers: the environment's strings
+    ("4", "soon", ("4", "soon")),
+    ("0", "", (0, 0.5)),               # numbers out of range: as parsed, the default for the one unset
+    ("", "61", (4, 61.0)),
+    ("2", "-1", (2, -1.0)),
+])
+def test_a_retry_setting_a_policy_cannot_take_is_refused(attempts, backoff, read, monkeypatch):
+    monkeypatch.setenv("PATCHKIT_REGISTRY_ATTEMPTS", attempts)
+    monkeypatch.setenv("PATCHKIT_REGISTRY_BACKOFF_S", backoff)
+    with pytest.raises(BadRetrySetting) as err:
+        RegistryClient("127.0.0.1:1")  # reads its policy from the environment before any request
+    assert (err.value.attempts, err.value.backoff) == read
+    assert err.value.expected.startswith("a whole number" if isinstance(read[0], str) else "at least 1 attempt")
 
 
 def test_blob_and_manifest_round_trip_with_cross_repo_mount(registry_server, tmp_path):

@@ -70,6 +70,40 @@ _REF_RE = re.compile(
     r"(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$")
 
 
+class NotAnImageReference(PatchkitError):
+    """`text` is not an image reference ([registry/]repository[:tag][@sha256:...]) (exit 2)."""
+
+    def __init__(self, text: str):
+        super().__init__(f"{text!r} is not an image reference ([registry/]repository[:tag][@sha256:...])")
+        self.text = text
+
+
+class UnreadableCredentials(PatchkitError):
+    """The credentials file `path` (docker/podman login's) cannot be read for `registry`: `problem` (malformed,
+    unreadable, or its credential helper failed) (exit 2)."""
+
+    def __init__(self, path: str, registry: str, problem: str):
+        super().__init__(f"{path}: cannot read the credentials for {registry}: {problem}")
+        self.path, self.registry, self.problem = path, registry, problem
+
+
+class ManifestDigestMismatch(PatchkitError):
+    """`registry` answered the manifest `repo`@`digest` with bytes that hash to `found` (exit 2)."""
+
+    def __init__(self, registry: str, repo: str, digest: str, found: str):
+        super().__init__(f"{registry}/{repo}@{digest}: the registry returned a manifest with digest {found}")
+        self.registry, self.repo, self.digest, self.found = registry, repo, digest, found
+
+
+class StoredDigestMismatch(PatchkitError):
+    """`registry` says it stored the manifest pushed as `repo`:`ref` as `stored` (its Docker-Content-Digest),
+    not the `expected` digest of the bytes sent (exit 2)."""
+
+    def __init__(self, registry: str, repo: str, ref: str, stored: str, expected: str):
+        super().__init__(f"registry {registry} stored {repo}:{ref} as {stored}, expected {expected}")
+        self.registry, self.repo, self.ref, self.stored, self.expected = registry, repo, ref, stored, expected
+
+
 @dataclass(frozen=True)
 class Reference:
     """`[registry/]repository[:tag][@sha256:...]`, normalized as Docker does (docker.io, library/)."""
@@ -89,7 +123,7 @@ class Reference:
             registry, remainder = DOCKER_HUB, text
         m = _REF_RE.match(remainder)
         if not m:
-            raise PatchkitError(f"{text!r} is not an image reference ([registry/]repository[:tag][@sha256:...])")
+            raise NotAnImageReference(text)
         repo = m.group("repo")
         if registry == DOCKER_HUB and "/" not in repo:
             repo = f"library/{repo}"
@@ -134,7 +168,7 @@ def _credentials(registry: str) -> tuple[str, str] | None:
             load_json_object(read_file(path, "config"), path)  # the SDK would skip a malformed file without a word
             entry = docker.auth.resolve_authconfig(docker.auth.load_config(config_path=path), name)
         except (docker.errors.DockerException, OSError, ValueError) as exc:
-            raise PatchkitError(f"{path}: cannot read the credentials for {registry}: {exc}") from None
+            raise UnreadableCredentials(path, registry, str(exc)) from None
         # inline entries come back as username/password, credential helpers' as Username/Password
         entry = {k.lower(): v for k, v in (entry or {}).items()}
         if entry.get("username") is not None:
@@ -209,8 +243,7 @@ class RegistryClient:
 
         data, media_type = self._retrying(attempt)
         if ref.startswith("sha256:") and sha256_digest(data) != ref:
-            raise PatchkitError(f"{self.registry}/{repo}@{ref}: the registry returned a manifest with "
-                                f"digest {sha256_digest(data)}")
+            raise ManifestDigestMismatch(self.registry, repo, ref, sha256_digest(data))
         return data, decode(data, Typed, what).mediaType or media_type
 
     def put_manifest(self, repo: str, ref: str, data: bytes, media_type: str) -> str:
@@ -220,7 +253,7 @@ class RegistryClient:
         digest = sha256_digest(data)
         served = resp.headers.get("Docker-Content-Digest")
         if served and served != digest:
-            raise PatchkitError(f"registry {self.registry} stored {repo}:{ref} as {served}, expected {digest}")
+            raise StoredDigestMismatch(self.registry, repo, ref, served, digest)
         return digest
 
     # -- blobs ----------------------------------------------------------------------------------

@@ -61,6 +61,18 @@ class Reader(Protocol):
 Body = bytes | Callable[[], Reader | bytes]   # a callable opens the content at its start, once per send
 
 
+class BadRetrySetting(PatchkitError):
+    """PATCHKIT_REGISTRY_ATTEMPTS / PATCHKIT_REGISTRY_BACKOFF_S are not what a retry policy takes (exit 2):
+    `attempts` and `backoff` as read (the environment's strings where they are not numbers, else the numbers
+    they give, defaults for one unset), `expected` what they should be."""
+
+    def __init__(self, attempts: str | int, backoff: str | float, expected: str):
+        shown = f"{backoff!r}" if isinstance(backoff, str) else f"{backoff:g}"
+        super().__init__(f"PATCHKIT_REGISTRY_ATTEMPTS={attempts!r} / PATCHKIT_REGISTRY_BACKOFF_S={shown}: "
+                         f"expected {expected}")
+        self.attempts, self.backoff, self.expected = attempts, backoff, expected
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How often and how long a failed attempt is made again. `from_env` reads PATCHKIT_REGISTRY_ATTEMPTS
@@ -82,11 +94,9 @@ class RetryPolicy:
             first = float(backoff) if backoff else cls.backoff_s
             tries = int(attempts) if attempts else cls.attempts
         except ValueError:
-            raise PatchkitError(f"PATCHKIT_REGISTRY_ATTEMPTS={attempts!r} / PATCHKIT_REGISTRY_BACKOFF_S={backoff!r}: "
-                                "expected a whole number of attempts and a number of seconds") from None
+            raise BadRetrySetting(attempts, backoff, "a whole number of attempts and a number of seconds") from None
         if tries < 1 or not 0 <= first <= 60:
-            raise PatchkitError(f"PATCHKIT_REGISTRY_ATTEMPTS={tries} / PATCHKIT_REGISTRY_BACKOFF_S={first:g}: "
-                                "expected at least 1 attempt and a first wait of 0 to 60 s")
+            raise BadRetrySetting(tries, first, "at least 1 attempt and a first wait of 0 to 60 s")
         return cls(attempts=tries, backoff_s=first, max_wait_s=20 * first, budget_s=60 * first)
 
     def wait(self, failed: int, retry_after: float | None) -> float:
@@ -138,6 +148,33 @@ class Cancelled(PatchkitError):
     def __init__(self, blob: str | None = None):
         self.blob = blob
         super().__init__(f"cancelled{f' {blob}' if blob else ''}: another blob of this push failed")
+
+
+class AnswerPastDeadline(PatchkitError):
+    """`what` (a registry's answer) was still arriving after `deadline_s` seconds, `received` bytes of it so
+    far (exit 2): dripped to keep a build waiting."""
+
+    def __init__(self, what: str, deadline_s: float, received: int):
+        super().__init__(f"{what}: the answer is still arriving after {deadline_s:g} s "
+                         f"({received:,} B so far); a registry sends a manifest in well under a second")
+        self.what, self.deadline_s, self.received = what, deadline_s, received
+
+
+class CredentialsNeeded(PatchkitError):
+    """`registry` asked for credentials (HTTP basic) and none are stored for it (exit 2)."""
+
+    def __init__(self, registry: str):
+        super().__init__(f"registry {registry} needs credentials: log in with docker/podman login")
+        self.registry = registry
+
+
+class UnsupportedAuth(PatchkitError):
+    """`registry` challenged with an authentication `scheme` patchkit does not speak (only basic, and bearer
+    with a realm) (exit 2)."""
+
+    def __init__(self, registry: str, scheme: str):
+        super().__init__(f"registry {registry} asked for unsupported authentication {scheme!r}")
+        self.registry, self.scheme = registry, scheme
 
 
 def retry_after_s(resp: requests.Response) -> float | None:
@@ -230,8 +267,7 @@ def read_body(resp: requests.Response, kind: str, what: str, *, registry: str,
             if len(data) > limit:
                 raise InputTooLarge(what, kind, limit)
             if time.monotonic() > deadline:
-                raise PatchkitError(f"{what}: the answer is still arriving after {deadline_s:g} s "
-                                    f"({len(data):,} B so far); a registry sends a manifest in well under a second")
+                raise AnswerPastDeadline(what, deadline_s, len(data))
     except CONNECTION_ERRORS as exc:
         raise RegistryError(registry, f"{resp.request.method} {resp.url}", resp.status_code,
                             f"{what}: the answer broke off: {exc.__class__.__name__}: {exc}", retryable=True) from None
@@ -324,11 +360,11 @@ class Transport:
         creds = self._credentials()
         if scheme == "basic":
             if not creds:
-                raise PatchkitError(f"registry {self.registry} needs credentials: log in with docker/podman login")
+                raise CredentialsNeeded(self.registry)
             self._basic = "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
             return
         if scheme != "bearer" or "realm" not in params:
-            raise PatchkitError(f"registry {self.registry} asked for unsupported authentication {scheme!r}")
+            raise UnsupportedAuth(self.registry, scheme)
         query = {"service": params.get("service", ""), "scope": list(scopes)}
         what = f"the token service of {self.registry} ({params['realm']})"
         request = f"GET {params['realm']} (a token for {' '.join(scopes)})"

@@ -31,6 +31,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from builders import write_patchset
 from hostile import assert_refused, run_patchkit
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import MalformedJson
@@ -40,9 +41,10 @@ from patchkit.sources.cache import ArchiveCache
 from patchkit.sources.verified_wheel import BadWheel, open_wheel
 from patchkit.untrusted import InputTooLarge
 from patchkit.wheels import build as build_module
-from patchkit.wheels.build import build_wheel
+from patchkit.wheels.build import HasLocalLabel, NotAVllmWheel, NotOneHeader, WheelNotWritten, build_wheel
 from patchkit.wheels.index import write_index
 from patchkit.wheels.manifest import WheelManifest, installed_manifests
+from test_sources import wheel_bytes
 from wheel_files import record_hash, record_of
 
 pytestmark = [pytest.mark.vllm]
@@ -465,12 +467,45 @@ def test_a_failing_fsync_or_rename_leaves_nothing_behind(small, series, tmp_path
     assert list(out.iterdir()) == [] and unraisable == []
 
 
-def test_an_output_folder_that_is_a_file_is_refused(small, series, tmp_path):
-    release = small.write(tmp_path / "release")
+def _tiny(tmp_path: Path, dist: str = "vllm", version: str = "0.33.0", package: str = "vllm") -> tuple[Path, list]:
+    """HAND-WRITTEN: a release wheel as tests/test_sources.py's wheel_bytes writes one (three small vLLM
+    files, METADATA, a WHEEL of Wheel-Version alone, RECORD) and a one-edit series that applies to it. The
+    refusals that use it are about the wheel's project, version and headers or the output folder, none
+    about vLLM's code: so they run where vLLM is not installed (the small real wheel needs it)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    release = tmp_path / f"{dist.replace('-', '_')}-{version}-py3-none-any.whl"
+    release.write_bytes(wheel_bytes(dist, version, package=package))
+    patches = write_patchset(tmp_path / "patches", {"longer": [
+        {"file": "config/model.py", "action": "replace", "anchor": "    max_len = 4096\n", "text": "    max_len = 8192\n"}]})
+    return release, load_patchset(patches).series()
+
+
+def test_an_output_folder_that_is_a_file_is_refused(tmp_path):
+    release, series = _tiny(tmp_path)
     (tmp_path / "out").write_bytes(b"a file")
-    with pytest.raises(PatchkitError, match="cannot be written") as caught:
+    with pytest.raises(WheelNotWritten) as caught:
         build_wheel(release, series, "full", tmp_path / "out")
-    assert str(tmp_path / "out") in str(caught.value) and (tmp_path / "out").read_bytes() == b"a file"
+    assert (caught.value.target.parent, caught.value.output) == (tmp_path / "out", tmp_path / "out")
+    assert caught.value.target.name.startswith("vllm-0.33.0+glm53.") and caught.value.reason == os.strerror(errno.EEXIST)
+    assert (tmp_path / "out").read_bytes() == b"a file"
+
+
+def test_a_wheel_of_another_project_or_a_local_version_or_without_one_generator_is_refused(tmp_path):
+    other, series = _tiny(tmp_path / "other", "flashinfer-python", "0.7.2.post1", package="flashinfer")
+    with pytest.raises(NotAVllmWheel) as caught:
+        build_wheel(other, series, "full", tmp_path / "out")
+    assert (caught.value.release, caught.value.name, caught.value.version) == (other, "flashinfer-python",
+                                                                               "0.7.2.post1")
+    local, series = _tiny(tmp_path / "local", version="0.33.0+cu130")
+    with pytest.raises(HasLocalLabel) as caught:
+        build_wheel(local, series, "full", tmp_path / "out")
+    assert caught.value.version == "0.33.0+cu130"
+    plain, series = _tiny(tmp_path / "plain")  # its WHEEL has no Generator header for the build to set
+    with pytest.raises(NotOneHeader) as caught:
+        build_wheel(plain, series, "full", tmp_path / "out")
+    where = "vllm-0.33.0.dist-info/WHEEL"
+    assert (caught.value.where, caught.value.field, caught.value.found) == (where, "Generator", 0)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_release_changed_while_copied_leaves_nothing_behind(small, series, tmp_path, monkeypatch, unraisable):

@@ -46,6 +46,41 @@ from patchkit.wheels.requires import Substitution, substitute_requirement
 LOCAL_PREFIX = "glm53"
 
 
+class HasLocalLabel(PatchkitError):
+    """The release wheel's `version` has a PEP 440 local label already (`+...`): not a released wheel, and a
+    patched one's label would be a second (exit 2)."""
+
+    def __init__(self, version: str):
+        super().__init__(f"{version} already has a local label: patchkit patches released wheels only")
+        self.version = version
+
+
+class NotAVllmWheel(PatchkitError):
+    """The wheel `release` is `name` `version`'s, not vLLM's (exit 2)."""
+
+    def __init__(self, release: Path, name: str, version: str):
+        super().__init__(f"{release} is not a vLLM wheel (it is {name} {version}'s)")
+        self.release, self.name, self.version = release, name, version
+
+
+class WheelNotWritten(PatchkitError):
+    """The patched wheel `target` cannot be written into `output`: `reason` (a full or read-only disk, a file
+    where the folder should be) (exit 2); nothing of it is left there."""
+
+    def __init__(self, target: Path, output: Path, reason: str):
+        super().__init__(f"{target} cannot be written ({reason}); nothing of it is left in {output}")
+        self.target, self.output, self.reason = target, output, reason
+
+
+class NotOneHeader(PatchkitError):
+    """`where` (a wheel's METADATA or WHEEL) has `found` `field` headers where the patched wheel sets exactly
+    one (exit 2)."""
+
+    def __init__(self, where: str, field: str, found: int):
+        super().__init__(f"{where}: expected one {field} header, found {found}")
+        self.where, self.field, self.found = where, field, found
+
+
 @dataclass(frozen=True)
 class BuiltWheel:
     path: Path
@@ -71,7 +106,7 @@ class BuiltWheel:
 def patched_version(release_version: str, digest: str) -> str:
     version = Version(release_version)
     if version.local is not None:
-        raise PatchkitError(f"{release_version} already has a local label: patchkit patches released wheels only")
+        raise HasLocalLabel(release_version)
     return f"{version.public}+{LOCAL_PREFIX}.{digest}"
 
 
@@ -82,7 +117,7 @@ def build_wheel(release: Path, patches: list[Patch], series: str, output: Path, 
     `substitution`: the requirement METADATA states in place of the release's unpublished pin."""
     with open_wheel(release) as wheel:
         if wheel.name != "vllm":
-            raise PatchkitError(f"{release} is not a vLLM wheel (it is {wheel.name} {wheel.version}'s)")
+            raise NotAVllmWheel(release, wheel.name, wheel.version)
         result = plan(patches, WheelSource(wheel))
         kept = carry(result, f"series {series}", release.name)  # the one rule images follow too
         carried = [_recorded(r) for r in kept.carried]
@@ -108,8 +143,7 @@ def build_wheel(release: Path, patches: list[Patch], series: str, output: Path, 
             with adjacent_tmp_file(target) as out:
                 _write(wheel, out, version, result.changes, manifest, metadata)
         except OSError as error:  # the output's: a full or read-only disk, a folder in the way
-            raise PatchkitError(f"{target} cannot be written ({error.strerror or error}); nothing of it is left "
-                                f"in {output}") from None
+            raise WheelNotWritten(target, output, str(error.strerror or error)) from None
         finally:
             if created and not target.exists():
                 with contextlib.suppress(OSError):
@@ -182,7 +216,7 @@ def _set_header(text: bytes, field: str, value: str, where: str) -> bytes:
     pattern = re.compile(rb"^" + field.encode() + rb"\s*:", re.IGNORECASE)
     found = [i for i, line in enumerate(lines) if pattern.match(line)]
     if len(found) != 1:
-        raise PatchkitError(f"{where}: expected one {field} header, found {len(found)}")
+        raise NotOneHeader(where, field, len(found))
     lines[found[0]] = f"{field}: {value}".encode()
     return b"\n".join(lines) + sep + body
 

@@ -39,8 +39,16 @@ from patchkit.sources.verified_wheel import open_wheel
 from patchkit.sources.wheel import WheelSource
 from patchkit.wheels.build import build_wheel
 from patchkit.wheels.index import write_index
-from patchkit.wheels.release import pinned_companion, release_wheel
+from patchkit.wheels.release import (
+    NoReleaseWheel,
+    UnknownPlatform,
+    UnverifiableWheel,
+    choose_wheel,
+    pinned_companion,
+    release_wheel,
+)
 from patchkit.wheels.requires import Substitution, substitution_for
+from test_companion import recorded_index  # noqa: F401  (the recorded flashinfer-python page)
 from wheel_files import assert_record_matches, members
 
 pytestmark = [pytest.mark.network, pytest.mark.vllm]
@@ -307,3 +315,40 @@ def test_the_wheel_commands_in_the_publish_workflow_are_valid_invocations(tmp_pa
     for command, args in lines:
         context = wheel_group.commands[command].make_context(command, shlex.split(args))
         assert context.params["output"] is not None
+
+
+# --- the release wheel the index offers -------------------------------------------------------------------
+
+
+def test_a_platform_patchkit_builds_no_wheels_for_is_refused(tmp_path):
+    with pytest.raises(UnknownPlatform) as err:
+        release_wheel(VERSION, "ppc64le", cache_root=tmp_path)
+    assert err.value.arch == "ppc64le" and not (tmp_path / "wheels").exists()
+
+
+def test_an_index_listing_no_or_several_wheels_for_the_platform_is_refused(recorded_index):
+    """The recorded page (a real index's answer, served on 127.0.0.1) lists flashinfer-python's wheels, every
+    one py3-none-any: none is manylinux aarch64. Then two manylinux aarch64 wheels of one version, in a page
+    the fake index writes (HAND-WRITTEN: no recorded page lists two; a real index may, one per glibc)."""
+    with pytest.raises(NoReleaseWheel) as err:
+        choose_wheel("flashinfer-python", "0.7.2.post1", "aarch64")
+    assert (err.value.page, err.value.dist, err.value.version, err.value.arch, err.value.found) == (
+        f"{recorded_index.url}/flashinfer-python/", "flashinfer-python", "0.7.2.post1", "aarch64", 0)
+    assert err.value.listed == ["flashinfer_python-0.7.2.post1-py3-none-any.whl"]
+    twins = [f"vllm-0.34.0-cp38-abi3-manylinux_2_{glibc}_aarch64.whl" for glibc in (28, 34)]
+    for name in twins:
+        recorded_index.add("vllm", name, name.encode())
+    with pytest.raises(NoReleaseWheel) as err:
+        choose_wheel("vllm", "0.34.0", "aarch64")
+    assert (err.value.found, err.value.listed) == (2, twins)
+
+
+def test_a_wheel_the_index_gives_no_sha256_for_is_refused(recorded_index):
+    """HAND-WRITTEN page entry: the one aarch64 wheel listed without a sha256 (PEP 691 lets `hashes` be empty;
+    no recorded page here has such a file)."""
+    name = "vllm-0.34.0-cp38-abi3-manylinux_2_28_aarch64.whl"
+    recorded_index.add("vllm", name, b"unverifiable")
+    recorded_index.projects["vllm"][0]["hashes"] = {}
+    with pytest.raises(UnverifiableWheel) as err:
+        choose_wheel("vllm", "0.34.0", "aarch64")
+    assert err.value.url == f"{recorded_index.url.removesuffix('/simple')}/files/{name}"  # resolved against the page

@@ -22,11 +22,38 @@ from patchkit.sources.verified_wheel import open_wheel
 from patchkit.wheels import ARCHES
 
 
+class UnknownPlatform(PatchkitError):
+    """`arch` is not a platform patchkit builds wheels for (wheels.ARCHES) (exit 2)."""
+
+    def __init__(self, arch: str):
+        super().__init__(f"unknown platform {arch!r}: patchkit builds wheels for {', '.join(ARCHES)}")
+        self.arch = arch
+
+
+class NoReleaseWheel(PatchkitError):
+    """The index's project `page` lists `found` (0, or more than one) manylinux `arch` wheels of `dist`
+    `version` where one is wanted; `listed` are the file names of that version's wheels (exit 2)."""
+
+    def __init__(self, page: str, dist: str, version: str, arch: str, found: int, listed: list[str]):
+        what = "no" if not found else "more than one"
+        super().__init__(f"{page} lists {what} manylinux {arch} wheel of {dist} {version} "
+                         f"(its wheels: {', '.join(listed) or 'none'})")
+        self.page, self.dist, self.version, self.arch, self.found, self.listed = page, dist, version, arch, found, listed
+
+
+class UnverifiableWheel(PatchkitError):
+    """The index gives no sha256 for the wheel at `url`: it is not downloaded (exit 2)."""
+
+    def __init__(self, url: str):
+        super().__init__(f"the index gives no sha256 for {url}: refusing a wheel that cannot be verified")
+        self.url = url
+
+
 def release_wheel(version: str, arch: str, *, dist: str = "vllm", cache_root: Path | None = None,
                   progress: bool = True) -> Path:
     """The cached manylinux `arch` wheel of `dist` `version`: no network when it was fetched before."""
     if arch not in ARCHES:
-        raise PatchkitError(f"unknown platform {arch!r}: patchkit builds wheels for {', '.join(ARCHES)}")
+        raise UnknownPlatform(arch)
     cache = ArchiveCache((cache_root or default_cache_root()) / "wheels" / arch)
     # rehashed on every use (0.2 s for vLLM's wheel): the copied members' RECORD hashes come from the
     # release's RECORD, which is only as good as the bytes on disk
@@ -42,12 +69,10 @@ def choose_wheel(dist: str, version: str, arch: str) -> IndexFile:
     of_version = [f for f in files if f.version == wanted and f.kind == "wheel" and not f.yanked]
     matching = [f for f in of_version if any(p.startswith("manylinux") and p.endswith(f"_{arch}") for p in f.platforms)]
     if len(matching) != 1:
-        listed = ", ".join(sorted(f.filename for f in of_version)) or "none"
-        what = "no" if not matching else "more than one"
-        raise PatchkitError(f"{page} lists {what} manylinux {arch} wheel of {dist} {version} (its wheels: {listed})")
+        raise NoReleaseWheel(page, dist, version, arch, len(matching), sorted(f.filename for f in of_version))
     chosen = matching[0]
     if chosen.sha256 is None:
-        raise PatchkitError(f"the index gives no sha256 for {chosen.url}: refusing a wheel that cannot be verified")
+        raise UnverifiableWheel(chosen.url)
     return chosen
 
 

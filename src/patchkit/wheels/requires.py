@@ -28,6 +28,15 @@ from patchkit.wheels.manifest import SubstitutedRequirement
 _REQUIRES = re.compile(rb"^(Requires-Dist[ \t]*:[ \t]*)(.*?)([ \t]*)$", re.IGNORECASE)
 
 
+class PinNotInMetadata(PatchkitError):
+    """No `Requires-Dist` header of `where` (a wheel's METADATA) pins exactly `dist`==`pin`, the pin the
+    release was read to require (exit 2): nothing is substituted."""
+
+    def __init__(self, where: str, dist: str, pin: str):
+        super().__init__(f"{where}: no Requires-Dist pins {dist}=={pin}, which the release was read to pin")
+        self.where, self.dist, self.pin = where, dist, pin
+
+
 @dataclass(frozen=True)
 class Substitution:
     """The patched wheel requires `dist==substitute` where the release pins `dist==pin`, for `reason`."""
@@ -52,8 +61,9 @@ def substitution_for(companion: Companion | None) -> Substitution | None:
 def substitute_requirement(metadata: bytes, substitution: Substitution,
                            where: str) -> tuple[bytes, list[SubstitutedRequirement]]:
     """`metadata` (core metadata: headers, a blank line, the description) with every `Requires-Dist` that pins
-    exactly `dist==pin` requiring `dist==substitute` instead, and a record of each; PatchkitError when no
-    header pins it (the pin was read from these very bytes) or a rewritten one would mean anything else."""
+    exactly `dist==pin` requiring `dist==substitute` instead, and a record of each; PinNotInMetadata when no
+    header pins it (the pin was read from these very bytes), PatchkitError when a rewritten one would mean
+    anything else (the rewrite's own check: packaging's parser and this module's pattern disagreeing)."""
     head, sep, body = metadata.partition(b"\n\n")  # the description is never read as headers
     lines = head.split(b"\n")
     done: list[SubstitutedRequirement] = []
@@ -69,8 +79,7 @@ def substitute_requirement(metadata: bytes, substitution: Substitution,
         done.append(SubstitutedRequirement(substitution.dist, substitution.pin, substitution.substitute, value,
                                            new_value, substitution.reason))
     if not done:
-        raise PatchkitError(f"{where}: no Requires-Dist pins {substitution.dist}=={substitution.pin}, which the "
-                            "release was read to pin")
+        raise PinNotInMetadata(where, substitution.dist, substitution.pin)
     return b"\n".join(lines) + sep + body, done
 
 

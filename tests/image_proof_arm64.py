@@ -107,13 +107,20 @@ def test_each_image_is_proved_in_its_own_python(image, built, images_dir, workdi
 
 
 def _python313() -> str:
-    """A CPython 3.13 here (the base's minor: its bytecode is the only kind the image's Python loads)."""
+    """A CPython 3.13 here that runs (the base's minor: its bytecode is the only kind the image's Python
+    loads). The first python3.13 on PATH may be a pyenv shim that exits 127 where 3.13 is not pyenv's
+    chosen version, so each candidate is asked its version."""
     import glob
     import shutil
 
-    found = shutil.which("python3.13") or next(iter(sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.13*/bin/python3.13")))), None)
-    assert found, "a CPython 3.13 is needed to write the stub (pyenv install 3.13, or Debian's python3.13)"
-    return found
+    candidates = [shutil.which("python3.13"), *sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.13*/bin/python3.13")))]
+    for python in filter(None, candidates):
+        asked = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2] == (3, 13))"],
+                               capture_output=True, text=True, timeout=60, check=False)
+        if asked.stdout.strip() == "True":
+            return python
+    raise AssertionError(f"a CPython 3.13 is needed to write the stub (pyenv install 3.13, or Debian's python3.13); "
+                         f"none of {candidates} runs as one")
 
 
 def _broken(built, tmp_path, edit) -> str:

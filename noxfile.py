@@ -1,33 +1,14 @@
 """Sessions: lint, tests, tests-releases, release-<v>, vllm-tests-<v>, what-ran-where, patch-necessity, verify,
 bench, and build-<variant> for every image in images/.
 
-Every vLLM release gets its own cached CPU test environment, derived from the release's own requirements
-(patchkit.sources.release_requirements, run in the environment on every build of it: `requirements/cuda.txt`
-and the `common.txt` it includes, read from the release's sdist, which patchkit downloads once and
-verifies): every requirement as the release states it (torch, torchvision, transformers and the rest),
-less the CUDA-only kernel packages and media decoders (flashinfer, tilelang, cutlass-dsl, ..., torchaudio:
-that module's LEFT_OUT says why each), then the release's wheel with --no-deps, then patchkit's own test
-requirements (requirements/modelopt-test.txt, requirements/vllm-tests.txt, patchkit[test]). No file per
-release is written by hand: a new release's environment is its own list. They live in the user cache
-directory (not .nox/ in the checkout) so a clean clone in CI reuses them. `tests` is the pinned 0.34.0's
-environment and runs the whole suite; each other release runs only the release-sensitive tests
-(RELEASE_SENSITIVE), whose outcome is recorded per release (tests/release_record.py) and checked against
-every patch's `vllm` range (tests/ran_where.py, which also writes README's "What ran where").
-
-Which `release-<v>` sessions exist (and `vllm-tests-<v>` beside each): every supported release but the
-pinned one (whose environment is `tests`'s); every vLLM release whose sdist lies verified in patchkit's
-download cache (`patchkit rebase --to V`, `verify`, `check --source V` put it there: `nox --list` then
-shows it); and any `release-<v>` or `vllm-tests-<v>` named on the command line, for a version on the
-index (`nox -s release-0.34.0` needs nothing added first). `nox -s release -- V [V...]` runs the same for
-the versions given.
-
-torch: every `release-<v>` gets exactly the torch and torchvision its release declares, the index's CUDA
-builds run on the CPU (0.30.0-0.32.0: 2.13.0 + 0.28.0; 0.34.0: 2.14.0 + 0.29.0; the CPU build of 2.13.0
-on this machine's disk has no torchvision that imports beside it). They are built with uv: its cache
-(the user cache directory) hard-links one download of a torch stack (~4 GB, once) into every release that
-declares it, where pip would unpack ~5 GB per environment. The pinned 0.34.0 (`tests`) declares 2.14.0
-+ 0.29.0; it keeps pip and 2.14.1 + torchvision 0.29.1 from this machine's disk (a patch release of the
-same API, TESTS_TORCH) instead of another multi-GB download in CI.
+Every vLLM release gets its own cached CPU test environment in the user cache directory (a clean clone in
+CI reuses it), derived from the release's own requirements on every build (install_vllm_env; README's
+"Run" says what is left out, and which torch each release gets and why: uv hard-links one download of
+each torch stack into every release that declares it; `tests` keeps TESTS_TORCH from this machine's
+disk). `tests` is the pinned release's environment and runs the whole suite; each other release runs only
+the release-sensitive tests (RELEASE_SENSITIVE), recorded per release (tests/release_record.py) and
+checked against every patch's `vllm` range (tests/ran_where.py, which writes README's "What ran where").
+Which `release-<v>` / `vllm-tests-<v>` sessions exist: OTHER_RELEASES (_cached_releases, _asked_releases).
 
 Interpreters: the user's sessions (build-*, verify, demo-base) run on the Python nox itself runs on
 (3.11-3.13; a DGX Spark's Ubuntu 24.04 has 3.12), in no virtualenv, with this checkout's patchkit

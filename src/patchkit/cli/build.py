@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from patchkit.cli.common import console, err_console, images_option, json_option, patches_option
+from patchkit.localfiles import atomic_write
 
 
 @click.command("build")
@@ -50,7 +51,7 @@ def build_cmd(image, base, push, output, dry_run, engine, load, engine_url, resu
     for patch_id, note in summary["notes"].items():
         err_console.print(f"[yellow]{patch_id}: {note}[/]")
     if result_json:
-        result_json.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        atomic_write(result_json, (json.dumps(summary, indent=2, sort_keys=True) + "\n").encode())
     if as_json:
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
     else:

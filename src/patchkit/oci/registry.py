@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ import requests
 
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import decode, load_json_object
+from patchkit.localfiles import adjacent_tmp_file
 from patchkit.oci.bodies import Download, Sending, Sent, once
 from patchkit.oci.media import (
     DOCKER_LIST,
@@ -270,18 +270,11 @@ class RegistryClient:
         verifying its digest before it is renamed into place; a download that breaks off starts again."""
         dest.parent.mkdir(parents=True, exist_ok=True)
 
-        def attempt() -> None:
-            with self._open_blob(repo, digest, size) as stream:
-                fd, tmp = tempfile.mkstemp(prefix=".part-", dir=dest.parent)
-                try:
-                    with os.fdopen(fd, "wb") as out:
-                        while chunk := stream.read(CHUNK):
-                            out.write(chunk)
-                        stream.finish()
-                    os.replace(tmp, dest)
-                finally:
-                    if os.path.exists(tmp):
-                        os.unlink(tmp)
+        def attempt() -> None:  # a blob is in place whole and durable, or not at all (localfiles)
+            with self._open_blob(repo, digest, size) as stream, adjacent_tmp_file(dest) as out:
+                while chunk := stream.read(CHUNK):
+                    out.write(chunk)
+                stream.finish()
 
         self._retrying(attempt, blob=digest)
         return dest

@@ -34,6 +34,7 @@ import msgspec
 
 from patchkit.errors import PatchFailed, PatchkitError
 from patchkit.jsondata import decode
+from patchkit.localfiles import atomic_write
 from patchkit.oci.base import BaseImage, open_base
 from patchkit.oci.media import Platform
 from patchkit.smoke.image_rootfs import HELPER_DIR, Rootfs, RootfsError, assemble, chain_id, emulator, run_inside
@@ -266,8 +267,7 @@ def prove_image(spec: str, variants: list, *, images_dir: Path, patches_dir: Pat
 
 
 def write_receipt(proof: ImageProof, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(proof.to_dict(), indent=2) + "\n")
+    atomic_write(path, (json.dumps(proof.to_dict(), indent=2) + "\n").encode())  # a push reads it: whole or none
 
 
 class Receipt(msgspec.Struct):

@@ -8,12 +8,16 @@ And the fixtures of the local-engine tests (tests/test_build_local.py, tests/tes
 one service per test module: `podman_service`, `podman` (its URL), `client` (a docker SDK client of it),
 `realistic` (the realistic base at SCALE in the test registry and pulled into the engine); and the same
 over both engines, one module-scoped parameter each ("podman", "docker"): `engine_service` (the service,
-its `.kind` and `.url`), `engine` (its URL), `engine_client`, `engine_realistic`.
+its `.kind` and `.url`), `engine` (its URL), `engine_client`, `engine_realistic`. And the two proxies put
+between patchkit and an engine: CountingProxy (bytes each way) and FaultProxy (a fault at request N, or
+wrong answers to the requests of one path).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -339,3 +343,127 @@ class CountingProxy:
             pass
         finally:
             shut(source, dest)
+
+
+GARBLED = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"Id\": \"sha2"
+REQUEST = re.compile(rb"(?:GET|POST|PUT|DELETE|HEAD) /v1\.\d+/\S* HTTP/1\.[01]\r\n")
+REFUSAL = "injected refusal"
+NOT_A_TAR = b"not a tar archive " * 40
+
+
+def _answer(status: bytes, content_type: bytes, body: bytes) -> bytes:
+    return (b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type + b"\r\nContent-Length: "
+            + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+ANSWERS = {"refuse": _answer(b"500 Internal Server Error", b"application/json",
+                             json.dumps({"message": REFUSAL}).encode()),
+           "not-a-tar": _answer(b"200 OK", b"application/x-tar", NOT_A_TAR)}
+
+
+class FaultProxy:
+    """A unix socket forwarding each connection to the engine's, counting the HTTP requests sent through it
+    (keep-alive connections carry several). At request `at` (1-based) it does `action`:
+    - "drop": closes the connection before the engine sees the request;
+    - "kill": forwards the request and SIGKILLs the engine as the first bytes of its answer arrive;
+    - "garble": forwards the request and answers it, in the engine's place, with a 200 whose JSON body is cut
+      after a few bytes;
+    - "kill-tagged": SIGKILLs the engine as soon as an answer says `Successfully tagged` (at any request);
+    - "refuse", "not-a-tar": answers every request whose path `matching` finds, in the engine's place and
+      never forwarding it, with a 500 whose message is REFUSAL, or a 200 whose body is no tar (NOT_A_TAR).
+    """
+
+    def __init__(self, path: Path, upstream: str, kill, at: int | None = None, action: str = "drop",
+                 matching: bytes | None = None):
+        self.path, self.upstream, self.kill_engine = path, upstream.removeprefix("unix://"), kill
+        self.at, self.action, self.matching = at, action, matching
+        self.count, self.fired, self.requests = 0, False, []
+        self._lock = threading.Lock()
+        self._server = socket.socket(socket.AF_UNIX)
+        path.unlink(missing_ok=True)
+        self._server.bind(str(path))
+        self._server.listen(16)
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.path}"
+
+    def close(self) -> None:
+        self._closed = True
+        self._server.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self.fired:
+                return
+            self.fired = True
+        self.kill_engine()
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream = socket.socket(socket.AF_UNIX)
+        try:
+            upstream.connect(self.upstream)
+        except OSError:
+            client.close()
+            return
+        armed = threading.Event()       # "kill": the request at `at` went through this connection
+        done = threading.Event()
+
+        def answers() -> None:
+            try:
+                while (data := upstream.recv(65536)):
+                    if self.action == "kill-tagged" and b"Successfully tagged" in data:
+                        client.sendall(data.split(b"Successfully tagged")[0])
+                        self._fire()
+                        break
+                    if armed.is_set() and self.action == "garble":
+                        self.fired = True
+                        client.sendall(GARBLED)
+                        break
+                    if armed.is_set():
+                        self._fire()
+                        break
+                    client.sendall(data)
+            except OSError:
+                pass
+            finally:
+                done.set()
+                shut(client, upstream)
+
+        threading.Thread(target=answers, daemon=True).start()
+        try:
+            while not done.is_set() and (data := client.recv(65536)):
+                starts = list(REQUEST.finditer(data))
+                with self._lock:
+                    first = self.count + 1
+                    self.count += len(starts)
+                    self.requests += [tuple(m.group(0).split(b" ")[:2]) for m in starts]
+                if self.action in ANSWERS and len(starts) == 1 and re.search(self.matching or b"", starts[0].group(0)):
+                    self.fired = True      # (one request a chunk: the SDK never pipelines)
+                    client.sendall(ANSWERS[self.action])
+                    continue
+                hit = next((m for i, m in enumerate(starts) if self.at == first + i), None)
+                if hit is not None and self.action == "drop":
+                    self.fired = True
+                    upstream.sendall(data[:hit.start()])
+                    break
+                if hit is not None and self.action in ("kill", "garble"):
+                    armed.set()
+                upstream.sendall(data)
+        except OSError:
+            pass
+        finally:
+            shut(client, upstream)
+            done.wait(30)
+            client.close()
+            upstream.close()

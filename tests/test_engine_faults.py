@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from engines import (  # noqa: F401
+    FaultProxy,
     dockerd_service,
     engine,
     engine_client,
@@ -30,7 +29,6 @@ from engines import (  # noqa: F401
     engine_service,
     podman_service,
     sdk_client,
-    shut,
 )
 from hostile import assert_refused, run_patchkit
 from patchkit.images.leftovers import HOLD_TAG, IMAGE_LABEL, recover
@@ -39,111 +37,6 @@ from registry import registry_server  # noqa: F401
 IMAGE = "glm53-flash-nvfp4-4p67"
 VERSIONED_PREFIX = f"patchkit/{IMAGE}:0.33.0-"
 LATEST = f"patchkit/{IMAGE}:latest"
-GARBLED = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"Id\": \"sha2"
-REQUEST = re.compile(rb"(?:GET|POST|PUT|DELETE|HEAD) /v1\.\d+/\S* HTTP/1\.[01]\r\n")
-
-
-class FaultProxy:
-    """A unix socket forwarding each connection to the engine's, counting the HTTP requests sent through it
-    (keep-alive connections carry several). At request `at` (1-based) it does `action`:
-    - "drop": closes the connection before the engine sees the request;
-    - "kill": forwards the request and SIGKILLs the engine as the first bytes of its answer arrive;
-    - "garble": forwards the request and answers it, in the engine's place, with a 200 whose JSON body is cut
-      after a few bytes;
-    - "kill-tagged": SIGKILLs the engine as soon as an answer says `Successfully tagged` (at any request).
-    """
-
-    def __init__(self, path: Path, upstream: str, kill, at: int | None = None, action: str = "drop"):
-        self.path, self.upstream, self.kill_engine = path, upstream.removeprefix("unix://"), kill
-        self.at, self.action = at, action
-        self.count, self.fired, self.requests = 0, False, []
-        self._lock = threading.Lock()
-        self._server = socket.socket(socket.AF_UNIX)
-        path.unlink(missing_ok=True)
-        self._server.bind(str(path))
-        self._server.listen(16)
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"unix://{self.path}"
-
-    def close(self) -> None:
-        self._closed = True
-        self._server.close()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _fire(self) -> None:
-        with self._lock:
-            if self.fired:
-                return
-            self.fired = True
-        self.kill_engine()
-
-    def _serve(self, client: socket.socket) -> None:
-        upstream = socket.socket(socket.AF_UNIX)
-        try:
-            upstream.connect(self.upstream)
-        except OSError:
-            client.close()
-            return
-        armed = threading.Event()       # "kill": the request at `at` went through this connection
-        done = threading.Event()
-
-        def answers() -> None:
-            try:
-                while (data := upstream.recv(65536)):
-                    if self.action == "kill-tagged" and b"Successfully tagged" in data:
-                        client.sendall(data.split(b"Successfully tagged")[0])
-                        self._fire()
-                        break
-                    if armed.is_set() and self.action == "garble":
-                        self.fired = True
-                        client.sendall(GARBLED)
-                        break
-                    if armed.is_set():
-                        self._fire()
-                        break
-                    client.sendall(data)
-            except OSError:
-                pass
-            finally:
-                done.set()
-                shut(client, upstream)
-
-        threading.Thread(target=answers, daemon=True).start()
-        try:
-            while not done.is_set() and (data := client.recv(65536)):
-                starts = list(REQUEST.finditer(data))
-                with self._lock:
-                    first = self.count + 1
-                    self.count += len(starts)
-                    self.requests += [tuple(m.group(0).split(b" ")[:2]) for m in starts]
-                hit = next((m for i, m in enumerate(starts) if self.at == first + i), None)
-                if hit is not None and self.action == "drop":
-                    self.fired = True
-                    upstream.sendall(data[:hit.start()])
-                    break
-                if hit is not None and self.action in ("kill", "garble"):
-                    armed.set()
-                upstream.sendall(data)
-        except OSError:
-            pass
-        finally:
-            shut(client, upstream)
-            done.wait(30)
-            client.close()
-            upstream.close()
-
-
 def load(url: str, ref: str, cache: Path, epoch: int, *extra: str):
     """`patchkit build IMAGE --load` through `url`, in a fresh interpreter (tests/hostile.py)."""
     return run_patchkit("build", IMAGE, "--base", ref, "--load", "--engine-url", url, "--json",

@@ -20,10 +20,26 @@ from pathlib import Path
 
 import pytest
 
-from engines import client, patched_files, podman, podman_service, realistic  # noqa: F401
+from engines import REFUSAL, FaultProxy, client, patched_files, podman, podman_service, realistic  # noqa: F401
+from patchkit.engine import EngineError
 from patchkit.errors import PatchkitError
 from patchkit.images.build import build
+from patchkit.images.engine_files import (
+    BytecodeUnknown,
+    ContainerRemoved,
+    ContainerSource,
+    GarbledArchive,
+    LocalBase,
+    NotAnImageId,
+    NotARegularFile,
+    VersionUnknown,
+    cache_key,
+)
 from patchkit.images.leftovers import RUN_LABEL, clear_command
+from patchkit.images.local import WrongLocalPlatform, find_local_base
+from patchkit.oci.media import Platform
+from patchkit.oci.source import PackageRoot
+from patchkit.sources.cache import FileCache
 from registry import registry_server  # noqa: F401
 
 IMAGE = "glm53-flash-nvfp4-4p67"
@@ -400,8 +416,8 @@ def test_containers_removed_under_a_read_are_not_taken_for_absent_files(referenc
     monkeypatch.undo()
     print(f"\ncontainers removed: {type(got).__name__}: {got}")
     if isinstance(got, Exception):
-        assert_clean_failure(got)
-        assert "container" in str(got) and "METADATA" not in str(got), f"a misleading failure: {got}"
+        assert isinstance(got, ContainerRemoved), f"{type(got).__name__}: {got}"
+        assert got.spec == reference["ref"] and not got.path.endswith("METADATA"), f"a misleading failure: {got}"
     else:
         assert patched_files(got.built) == reference["files"]
     listing = json.loads(listing_path(cache, reference).read_text()) if listing_path(cache, reference).exists() else {}
@@ -430,8 +446,8 @@ def test_the_base_removed_between_finding_and_reading_is_a_clean_error(reference
         monkeypatch.undo()
         ref, made = realistic
         client.api.pull(ref.split(":base@")[0], tag=made["manifest"])
-    assert_clean_failure(got)
-    assert isinstance(got, PatchkitError) and "cannot create a container" in str(got), got
+    assert isinstance(got, EngineError), f"{type(got).__name__}: {got}"
+    assert got.step == f"creating a container of {reference['ref']} to read its files" and got.cause != "", got
     assert not leftover_containers(client)
     listing = json.loads(listing_path(tmp_path / "cache", reference).read_text()) \
         if listing_path(tmp_path / "cache", reference).exists() else {}
@@ -462,8 +478,9 @@ def test_a_container_create_failing_after_others_were_made_removes_them(referenc
     monkeypatch.setattr(ContainerCollection, "create", create)
     got = outcome(lambda: run(tmp_path / "cache", reference["ref"], podman))
     monkeypatch.undo()
-    assert_clean_failure(got)
-    assert isinstance(got, PatchkitError) and "no space left on device" in str(got)
+    assert isinstance(got, EngineError), f"{type(got).__name__}: {got}"
+    assert (got.step, got.cause, got.detail) == (f"creating a container of {reference['ref']} to read its files",
+                                                 "APIError", "no space left on device")
     assert len(made) == 1 and not leftover_containers(client)
     assert_like_reference(outcome(lambda: run(tmp_path / "cache", reference["ref"], podman)), reference)
 
@@ -491,12 +508,62 @@ def test_the_engine_stopping_mid_read_is_a_clean_error(reference, podman_service
     left = leftover_containers(client)
     remove_containers(client)
     print(f"\nengine stopped: {type(got).__name__}: {got}; {len(left)} container(s) left")
-    assert_clean_failure(got)
+    # (where the engine stops during a read, removing the containers made fails too, and its error is the one raised)
+    assert isinstance(got, EngineError) and reference["ref"] in got.step, f"{type(got).__name__}: {got}"
     assert not isinstance(got, OSError) or isinstance(got, PatchkitError) or got.filename
     if left:
         # named by the command that removes them all, by this run's label (ids it never learnt included)
         assert clear_command() in str(got), f"{len(left)} container(s) left, not named: {got}"
         assert all(c.labels.get(RUN_LABEL) == clear_command().rsplit("=", 1)[1].rstrip(")") for c in left)
+
+
+def faulted(podman, tmp_path, action: str, matching: bytes, call):
+    """What `call(url)` gives through a FaultProxy before podman that answers `action` to every request
+    whose path `matching` finds."""
+    proxy = FaultProxy(tmp_path / "fault.sock", podman, lambda: None, action=action, matching=matching)
+    try:
+        return outcome(lambda: call(proxy.url))
+    finally:
+        proxy.close()
+
+
+@pytest.mark.registry
+def test_the_engine_refusing_every_read_is_an_engine_error_naming_the_read(reference, podman, client, tmp_path):
+    got = faulted(podman, tmp_path, "refuse", rb"/archive\?", lambda url: run(tmp_path / "cache", reference["ref"], url))
+    assert isinstance(got, EngineError), f"{type(got).__name__}: {got}"
+    assert got.step.startswith("reading /") and got.step.endswith(f" from {reference['ref']}"), got.step
+    assert (got.cause, got.detail, got.clean) == ("APIError", REFUSAL, [])
+    assert not leftover_containers(client)
+
+
+@pytest.mark.registry
+def test_an_archive_answer_that_is_no_tar_is_a_garbled_archive(reference, podman, client, tmp_path):
+    got = faulted(podman, tmp_path, "not-a-tar", rb"/archive\?",
+                  lambda url: run(tmp_path / "cache", reference["ref"], url))
+    assert isinstance(got, GarbledArchive), f"{type(got).__name__}: {got}"
+    assert got.path.startswith("/usr/local/lib/python3.12/") and got.problem == "unreadable" and got.found, got
+    assert not leftover_containers(client)
+
+
+@pytest.mark.registry
+def test_the_engine_refusing_a_lookup_by_name_is_an_engine_error(reference, podman, tmp_path):
+    import docker
+
+    def look_up(url):
+        return find_local_base(docker.DockerClient(base_url=url, timeout=60), "localhost/patchkit-test:refused",
+                               Platform.parse("linux/arm64"))
+
+    got = faulted(podman, tmp_path, "refuse", rb"/images/localhost/", look_up)
+    assert isinstance(got, EngineError), f"{type(got).__name__}: {got}"
+    assert (got.step, got.cause, got.detail) == ("looking up the base localhost/patchkit-test:refused", "APIError",
+                                                 REFUSAL)
+
+
+@pytest.mark.registry
+def test_a_base_of_another_platform_in_the_engine_is_refused_naming_both(reference, client):
+    got = outcome(lambda: find_local_base(client, reference["ref"], Platform.parse("linux/amd64")))
+    assert isinstance(got, WrongLocalPlatform), f"{type(got).__name__}: {got}"
+    assert (got.spec, got.found, got.wanted) == (reference["ref"], "linux/arm64", "linux/amd64")
 
 
 # == 5. bases whose target files are not plain files =====================================================
@@ -570,8 +637,10 @@ def test_a_target_that_is_not_a_regular_file_is_refused_by_name(kind, reference,
     assert model
     tag = derived_base(client, reference, f"localhost/target-{kind}:1", made)
     got = outcome(lambda: run(tmp_path / "cache", tag, podman))
-    assert_clean_failure(got)
-    assert isinstance(got, PatchkitError) and MODEL in str(got) and "regular files only" in str(got)
+    assert isinstance(got, NotARegularFile), f"{type(got).__name__}: {got}"
+    assert (got.spec, got.path) == (tag, MODEL)
+    # podman archives the link's target, naming it in its path-stat header; a directory's archive holds it
+    assert (got.kind, got.target) == (("symbolic link", MODEL + ".real") if kind == "symlink" else ("directory", None))
     assert not leftover_containers(client)
 
 
@@ -620,3 +689,36 @@ def test_recover_removes_only_the_containers_of_runs_that_are_over(reference, cl
         assert {made[this_run()], made["someone-else"], made[""]} <= there
     finally:
         remove_containers(client)
+
+
+# == 7. what the engine's names and the base's paths cannot tell (no engine asked) ==========================
+def test_an_image_id_that_is_not_sha256_is_refused():
+    with pytest.raises(NotAnImageId) as err:
+        cache_key("md5:0123", Platform.parse("linux/arm64"))
+    assert err.value.image_id == "md5:0123"
+
+
+ROOT = "/opt/vllm"     # a package root under no pythonX.Y
+ID = "sha256:" + "ab" * 32
+
+
+def offline_source(tmp_path, absent: list[str]) -> ContainerSource:
+    """A ContainerSource over a member cache that knows `absent` paths are absent: it asks no engine for them."""
+    base = LocalBase(spec="localhost/offline:1", name="localhost/offline:1", digest=ID,
+                     platform=Platform.parse("linux/arm64"), image_id=ID, from_ref="localhost/offline:1")
+    cache = FileCache(tmp_path / "cache", secret=b"test")
+    cache.put_listing(cache_key(ID, base.platform), dict.fromkeys(absent, "absent"))
+    return ContainerSource(None, base, [PackageRoot("vllm", ROOT.lstrip("/"), "vllm")], cache)
+
+
+def test_a_module_under_no_pythonxy_is_refused_naming_it(tmp_path):
+    with pytest.raises(BytecodeUnknown) as err:
+        offline_source(tmp_path, []).bytecode("vllm", "models/x.py")
+    assert (err.value.spec, err.value.path) == ("localhost/offline:1", f"{ROOT}/models/x.py")
+
+
+def test_a_base_stating_no_version_is_refused_naming_the_package(tmp_path):
+    source = offline_source(tmp_path, [f"{ROOT}/_version.py", f"{ROOT}/__init__.py"])
+    with pytest.raises(VersionUnknown) as err:
+        source.versions()
+    assert (err.value.spec, err.value.package, err.value.module) == ("localhost/offline:1", "vllm", "_version.py")

@@ -31,7 +31,7 @@ class EngineError(PatchkitError):
     from this build."""
 
     def __init__(self, step: str, cause: str, detail: str = "", clean: Sequence[str] = ()):
-        self.step, self.cause, self.clean = step, cause, list(clean)
+        self.step, self.cause, self.detail, self.clean = step, cause, detail, list(clean)
         text = f"the engine failed while {step} ({cause}{': ' + detail if detail else ''})"
         super().__init__(text + (f"; what it may keep: {'; '.join(self.clean)}" if self.clean else ""))
 
@@ -59,6 +59,15 @@ def engine_faults() -> tuple[type[BaseException], ...]:
             urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
 
 
+def engine_refusals() -> tuple[type[BaseException], ...]:
+    """What the SDK raises where the engine answered with an error status (its APIError, NotFound among
+    them): one of engine_faults() (an APIError is a requests HTTPError), so a caller that tells the engine
+    refusing a step from the engine going away catches these first."""
+    import docker
+
+    return (docker.errors.APIError,)
+
+
 def explain(exc: BaseException, limit: int = 500) -> str:
     """The engine's own words for an API error, else the exception's, at most `limit` characters."""
     return str(getattr(exc, "explanation", None) or exc).strip()[:limit]
@@ -74,13 +83,14 @@ def answer(exc: BaseException, limit: int = 2000) -> str:
     return f"the engine did not answer: {type(exc).__name__}: {exc}"[:limit]
 
 
-def _engine_error(step: str, exc: BaseException, clean: Sequence[str]) -> PatchkitError:
+def engine_error(step: str, exc: BaseException, clean: Sequence[str] = ()) -> EngineError:
+    """The engine's fault `exc` during `step` as an EngineError: its type, the engine's own words, `clean`."""
     return EngineError(step, exc.__class__.__name__, explain(exc), clean)
 
 
 @contextmanager
 def engine_step(step: str, clean: Callable[[], Sequence[str]] = lambda: (),
-                error: Callable[[str, BaseException, Sequence[str]], PatchkitError] = _engine_error) -> Iterator[None]:
+                error: Callable[[str, BaseException, Sequence[str]], PatchkitError] = engine_error) -> Iterator[None]:
     """Run one step against the engine: any engine fault becomes `error(step, fault, clean())` (by default an
     EngineError naming the step and what to clean, `clean()` evaluated at the failure); patchkit's own
     errors pass as they are."""

@@ -17,23 +17,21 @@ that fails on anything the cache answered is made again from the engine alone (i
 
 from __future__ import annotations
 
-import http.client
 import io
 import posixpath
 import queue
 import re
 import tarfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
-import requests
-import urllib3
 from packaging.utils import canonicalize_name
 
-from patchkit.engine import EngineError
+from patchkit.engine import EngineError, engine_error, engine_refusals, engine_step, explain
 from patchkit.errors import PatchkitError
 from patchkit.images.leftovers import clear_command, run_labels
 from patchkit.oci.base import Base
@@ -43,14 +41,73 @@ from patchkit.sources.cache import FileCache
 from patchkit.sources.installed_version import VERSION_MODULES, held_version
 from patchkit.sources.metadata import version_py
 
-# What a transport raises when the engine stops answering: requests' errors, urllib3's and http.client's
-# that leak through a streamed body, OSError by socket (patchkit.engine.engine_faults adds the SDK's own)
-ENGINE_GONE = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
-
 READERS = 4          # containers read at once: the engine serialises requests on each one
 ABSENT, PRESENT = "absent", "present"
 READ_ATTEMPTS = 3    # an engine error on a read is retried on a new container (_get_archive)
 GO_MODE_SYMLINK = 1 << 27    # os.ModeSymlink in the engine's path-stat header (Go's FileMode bits)
+
+
+class NotAnImageId(PatchkitError):
+    """The engine named the base by `image_id`, which is not a sha256 image id (exit 2)."""
+
+    def __init__(self, image_id: str):
+        self.image_id = image_id
+        super().__init__(f"the engine named the base image {image_id!r}, which is not a sha256 image id")
+
+
+class BytecodeUnknown(PatchkitError):
+    """The module at `path` in the base `spec` lies under no pythonX.Y, so which bytecode its interpreter
+    would run instead of it cannot be told without listing its __pycache__ through the engine (exit 2)."""
+
+    def __init__(self, spec: str, path: str):
+        self.spec, self.path = spec, path
+        super().__init__(f"{spec}: {path} names no pythonX.Y, so the bytecode its interpreter would run instead "
+                         "of it cannot be told without listing its __pycache__ through the engine; build without "
+                         "--load (daemonless, from the base's layers, which lists them)")
+
+
+_GARBLED = {"empty": "an empty archive", "misnamed": "{found!r}", "unreadable": "no readable archive"}
+
+
+class GarbledArchive(PatchkitError):
+    """What the engine sent (or the member cache kept) as its archive of `path` is not one regular file of
+    that name (exit 2): the `problem` ("empty": no entry; "misnamed": its entry is `found`; "unreadable": no
+    tar, `found` the reader's words)."""
+
+    def __init__(self, path: str, problem: str, found: str = ""):
+        self.path, self.problem, self.found = path, problem, found
+        why = f" ({found})" if problem == "unreadable" else ""
+        super().__init__(f"the engine sent {_GARBLED[problem].format(found=found)} for {path}{why}")
+
+
+class NotARegularFile(PatchkitError):
+    """A file of the base `spec` at `path` is a `kind` ("directory", "link", "symbolic link", "special
+    file"), not a regular file (exit 2); a symbolic link's `target` where the engine named one (else None)."""
+
+    def __init__(self, spec: str, path: str, kind: str, target: str | None = None):
+        self.spec, self.path, self.kind, self.target = spec, path, kind, target
+        to = f" (to {target!r})" if target is not None else ""
+        super().__init__(f"{spec}: {path} is a {kind}{to}; patchkit reads and patches regular files only")
+
+
+class ContainerRemoved(PatchkitError):
+    """The `container` (its short id) made to read the base `spec` was removed, by something else than
+    patchkit, while `path` was being read (exit 2): nothing was built."""
+
+    def __init__(self, container: str, spec: str, path: str):
+        self.container, self.spec, self.path = container, spec, path
+        super().__init__(f"container {container}, made to read {spec}, was removed while {path} was being read: "
+                         "nothing was built; run the build again")
+
+
+class VersionUnknown(PatchkitError):
+    """The base `spec` tells no version of `package`: no version `module` stating __version__ (None where
+    patchkit knows none for it) and no version in the image file (exit 2)."""
+
+    def __init__(self, spec: str, package: str, module: str | None):
+        self.spec, self.package, self.module = spec, package, module
+        super().__init__(f"{spec}: the {package} version is unknown (no {module} stating __version__ and no "
+                         "version in the image file)")
 
 
 @dataclass(kw_only=True)
@@ -68,7 +125,7 @@ def cache_key(image_id: str, platform) -> str:
     platform read (Docker's containerd image store names a multi-platform image by its index digest)."""
     digest = image_id.removeprefix("sha256:")
     if not re.fullmatch(r"[0-9a-f]{64}", digest):
-        raise PatchkitError(f"the engine named the base image {image_id!r}, which is not a sha256 image id")
+        raise NotAnImageId(image_id)
     return f"engine-image-{digest}-{str(platform).replace('/', '-')}"
 
 
@@ -120,10 +177,7 @@ class ContainerSource(PackagePaths):
         stub cannot be told without that listing, and a stale pyc left to run is a wrong image."""
         names = super().bytecode(package, path)
         if path.endswith(".py") and not names:
-            raise PatchkitError(f"{self.base.spec}: {self.image_path(package, path)} names no pythonX.Y, so the "
-                                "bytecode its interpreter would run instead of it cannot be told without listing "
-                                "its __pycache__ through the engine; build without --load (daemonless, from the "
-                                "base's layers, which lists them)")
+            raise BytecodeUnknown(self.base.spec, self.image_path(package, path))
         return names
 
     def close(self) -> None:
@@ -132,16 +186,13 @@ class ContainerSource(PackagePaths):
 
         try:
             for container in self._created:
-                try:
-                    container.remove(force=True)
-                except docker.errors.NotFound:
-                    pass
-                except ENGINE_GONE as exc:
-                    raise self._gone("removing the containers it read", exc) from None
-                except docker.errors.APIError as exc:
-                    raise PatchkitError(f"the engine did not remove container {container.id[:12]} (made to read "
-                                        f"{self.base.spec}): {exc.explanation or exc}; `{clear_command()}` removes "
-                                        "every container this run made (the next patchkit build does)") from None
+                with self._step(f"removing container {container.id[:12]} (made to read {self.base.spec})",
+                                refused=[f"`{clear_command()}` removes every container this run made (the next "
+                                         "patchkit build does)"]):
+                    try:
+                        container.remove(force=True)
+                    except docker.errors.NotFound:
+                        pass
         finally:
             self._created.clear()
             self._remember()
@@ -170,7 +221,7 @@ class ContainerSource(PackagePaths):
             raw = self.cache.get(self._key, name)
             try:
                 found = self._entry(name, raw) if raw is not None else None
-            except PatchkitError:
+            except (GarbledArchive, NotARegularFile):
                 found = None
         with self._lock:
             self.from_cache += found is not None
@@ -182,34 +233,31 @@ class ContainerSource(PackagePaths):
             with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
                 info = tar.next()
                 if info is None:
-                    raise PatchkitError(f"the engine sent an empty archive for {name}")
+                    raise GarbledArchive(name, "empty")
                 if not info.isreg():
-                    raise PatchkitError(f"{self.base.spec}: {name} is a {_kind(info)}; patchkit reads and patches "
-                                        "regular files only")
+                    raise NotARegularFile(self.base.spec, name, _kind(info))
                 if posixpath.basename(info.name.rstrip("/")) != posixpath.basename(name):
-                    raise PatchkitError(f"the engine sent {info.name!r} for {name}")
+                    raise GarbledArchive(name, "misnamed", info.name)
                 body = tar.extractfile(info)
                 assert body is not None  # a regular file (checked above)
                 data = body.read()
         except tarfile.TarError as exc:
-            raise PatchkitError(f"the engine sent no readable archive for {name} ({exc})") from None
+            raise GarbledArchive(name, "unreadable", str(exc)) from None
         return Member(normalize(name), "file", info.mode, info.uid, info.gid, info.size), data
 
     def _from_engine(self, name: str) -> tuple[Member, bytes] | None:
         import docker
 
         using = [self._container()]               # the container reading (a retry takes a new one)
+        raw: bytes | None
         try:
-            chunks, stat = self._get_archive(using, name)
-            raw = b"".join(chunks)
-        except docker.errors.NotFound:
-            self._still_there(using[0], name)         # a 404 also answers for a container that is gone
-            raw, stat = None, {}
-        except docker.errors.APIError as exc:
-            raise PatchkitError(f"the engine cannot read {name} from {self.base.spec}: {exc.explanation or exc}"
-                                ) from None
-        except ENGINE_GONE as exc:
-            raise self._gone(f"reading {name}", exc) from None
+            with self._step(f"reading {name} from {self.base.spec}"):
+                try:
+                    chunks, stat = self._get_archive(using, name)
+                    raw = b"".join(chunks)
+                except docker.errors.NotFound:
+                    self._still_there(using[0], name)         # a 404 also answers for a container that is gone
+                    raw, stat = None, {}
         finally:
             self._idle.put(using[0])
         with self._lock:
@@ -223,11 +271,10 @@ class ContainerSource(PackagePaths):
         # names the link's target (else ""), podman the resolved path (the path itself for a plain file).
         target = (stat or {}).get("linkTarget") or ""
         if int((stat or {}).get("mode") or 0) & GO_MODE_SYMLINK or target not in ("", name):
-            raise PatchkitError(f"{self.base.spec}: {name} is a symbolic link (to {target!r}); patchkit reads and "
-                                "patches regular files only")
+            raise NotARegularFile(self.base.spec, name, "symbolic link", target)
         try:
             found = self._entry(name, raw)
-        except PatchkitError:
+        except (GarbledArchive, NotARegularFile):
             self._still_there(using[0], name)         # podman answers a removed container with an empty 200 too
             raise
         self.cache.put(self._key, name, raw)
@@ -266,23 +313,34 @@ class ContainerSource(PackagePaths):
     def _still_there(self, container, name: str) -> None:
         import docker
 
-        try:
-            self.client.api.inspect_container(container.id)
-        except docker.errors.NotFound:
-            raise PatchkitError(f"container {container.id[:12]}, made to read {self.base.spec}, was removed while "
-                                f"{name} was being read: nothing was built; run the build again") from None
-        except (docker.errors.APIError, *ENGINE_GONE) as exc:
-            raise self._gone(f"reading {name}", exc) from None
+        with self._step(f"reading {name} from {self.base.spec}", refused=None):   # any other answer: it stopped
+            try:
+                self.client.api.inspect_container(container.id)
+            except docker.errors.NotFound:
+                raise ContainerRemoved(container.id[:12], self.base.spec, name) from None
 
-    def _gone(self, doing: str, exc: Exception) -> EngineError:
+    @contextmanager
+    def _step(self, step: str, *, refused: Sequence[str] | None = ()) -> Iterator[None]:
+        """One step of the reads under patchkit.engine's one fault policy. The engine refusing it (an
+        engine_refusals() answer its caller did not handle, told apart before the rest) is an EngineError in
+        the engine's own words naming the commands `refused` (None: taken for the engine stopping); any
+        other engine fault is the engine stopping, named with the containers it may keep (_left)."""
+        with engine_step(step, self._left, _gone):
+            try:
+                yield
+            except engine_refusals() as exc:
+                if refused is None:
+                    raise
+                raise engine_error(step, exc, refused) from None
+
+    def _left(self) -> list[str]:
+        """The containers the engine may keep of this run's reads, with the command removing them."""
         made = self.containers + self._making
         learnt = " ".join(c.id[:12] for c in self._created)
-        left = [] if not made else [
+        return [] if not made else [
             f"the engine may keep the never-started containers this run made to read from ({made} created"
             f"{', ' + learnt if learnt else ''}; one whose create went unanswered too): `{clear_command()}` "
             "removes them (the next patchkit build does)"]
-        return EngineError(f"{doing} from {self.base.spec}", exc.__class__.__name__,
-                           "the engine stopped answering; no image was built", left)
 
     def _container(self):
         """An idle container of the base; a new one while fewer than READERS were made (prefetch runs at
@@ -296,17 +354,11 @@ class ContainerSource(PackagePaths):
             self._making += make
         if not make:
             return self._idle.get()
-        import docker
-
         try:
-            container = self.client.containers.create(self.base.image_id, command=["/patchkit-never-runs"],
-                                                                      entrypoint=[], network_disabled=True, labels=run_labels(),
-                                                      platform=str(self.base.platform))
-        except docker.errors.APIError as exc:
-            raise PatchkitError(f"the engine cannot create a container of {self.base.spec} to read its files: "
-                                f"{exc.explanation or exc}") from None
-        except ENGINE_GONE as exc:
-            raise self._gone("creating a container", exc) from None
+            with self._step(f"creating a container of {self.base.spec} to read its files"):
+                container = self.client.containers.create(
+                    self.base.image_id, command=["/patchkit-never-runs"], entrypoint=[], network_disabled=True,
+                    labels=run_labels(), platform=str(self.base.platform))
         finally:
             with self._lock:
                 self._making -= 1
@@ -339,8 +391,7 @@ class ContainerSource(PackagePaths):
         if not pkg.declared and stated is None:
             if self._fetch("/" + normalize(f"{pkg.root}/__init__.py")) is None and not pkg.required:
                 return None
-            raise PatchkitError(f"{self.base.spec}: the {pkg.name} version is unknown (no {module} stating "
-                                "__version__ and no version in the image file)")
+            raise VersionUnknown(self.base.spec, pkg.name, module)
         if pkg.declared:
             candidates = [pkg.declared]
         else:
@@ -357,18 +408,18 @@ class ContainerSource(PackagePaths):
     def _suffixed(self, version: str) -> list[str]:
         """`version` with the CUDA suffix vLLM's setup.py appends (`cu` + the CUDA_VERSION the nvidia/cuda
         base images set, major and minor: 13.0.1 -> cu130), the one suffix the engine's config can tell."""
-        import docker
-
-        try:
+        with self._step(f"inspecting {self.base.spec}"):
             env = self.client.api.inspect_image(self.base.image_id).get("Config", {}).get("Env") or []
-        except ENGINE_GONE as exc:
-            raise self._gone("inspecting the base", exc) from None
-        except docker.errors.APIError as exc:
-            raise PatchkitError(f"the engine cannot inspect {self.base.spec}: {exc.explanation or exc}") from None
         cuda = next((e.split("=", 1)[1] for e in env if isinstance(e, str) and e.startswith("CUDA_VERSION=")), "")
         digits = "".join(cuda.split(".")[:2])
         sep = "." if "+" in version else "+"
         return [f"{version}{sep}cu{digits[:3]}"] if digits.isdigit() else []
+
+
+def _gone(step: str, exc: BaseException, clean: Sequence[str]) -> EngineError:
+    """A read's step the engine stopped answering (its transport's fault: patchkit.engine.engine_faults)."""
+    return EngineError(step, exc.__class__.__name__,
+                       f"the engine stopped answering ({explain(exc, 300)}); no image was built", clean)
 
 
 def _kind(info: tarfile.TarInfo) -> str:

@@ -27,7 +27,7 @@ import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from patchkit.engine import EngineError, engine_step, explain
+from patchkit.engine import EngineError, engine_step
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
 from patchkit.images.engine import dockerfile, engine_build, engine_push, engine_retag, tags_for
@@ -41,6 +41,16 @@ from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
 from patchkit.patching.patchset import PatchSet
 from patchkit.sources.cache import FileCache
+
+
+class WrongLocalPlatform(PatchkitError):
+    """The engine's copy of the base `spec` is a `found` (os/architecture) image, not the `wanted` platform
+    (exit 2): the wanted one is to be pulled."""
+
+    def __init__(self, spec: str, found: str, wanted: str):
+        self.spec, self.found, self.wanted = spec, found, wanted
+        super().__init__(f"the engine's {spec} is {found}, not {wanted}: pull the {wanted} image (docker pull "
+                         f"--platform {wanted} ...)")
 
 
 def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
@@ -66,16 +76,13 @@ def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
             try:
                 found = client.images.get(spec)
             except (docker.errors.ImageNotFound, docker.errors.NotFound):
-                found = None
-            except docker.errors.APIError as exc:
-                raise PatchkitError(f"the engine cannot look up {spec}: {explain(exc)}") from None
+                found = None   # (any other refusal: engine_step's EngineError)
     if found is None:
         return None
     attrs = found.attrs
     have = {"os": attrs.get("Os"), "architecture": attrs.get("Architecture"), "variant": attrs.get("Variant")}
     if not platform.matches(have):
-        raise PatchkitError(f"the engine's {spec} is {have['os']}/{have['architecture']}, not {platform}: "
-                            f"pull the {platform} image (docker pull --platform {platform} ...)")
+        raise WrongLocalPlatform(spec, f"{have['os']}/{have['architecture']}", str(platform))
     digest = ref.digest if ref is not None and ref.digest else next(
         (rd.split("@", 1)[1] for rd in attrs.get("RepoDigests") or []), found.id)
     name = str(ref.with_tag(ref.tag)) if ref is not None else spec

@@ -31,10 +31,15 @@ from engines import (  # noqa: F401
     podman_service,
     realistic,
 )
+from patchkit.engine import EngineError
 from patchkit.errors import PatchFailed
 from patchkit.images.build import build
+from patchkit.images.engine import UnreadablePush, annotate_pushed, engine_build, tags_for
 from patchkit.images.labels import build_epoch, git_source_url, public_url
 from patchkit.images.new_layer import BYTECODE_STUB
+from patchkit.oci.media import OCI_INDEX
+from patchkit.oci.progress import Quiet
+from patchkit.oci.registry import RegistryClient
 from registry import (  # noqa: F401
     free_port,
     images_pinned_to,
@@ -293,6 +298,33 @@ def test_load_without_the_base_in_the_engine_says_so_and_takes_the_engine_route(
     named = {t.removeprefix("docker.io/").removeprefix("localhost/"): i.id for i in client.images.list()
              for t in i.tags}
     assert named[f"patchkit/{IMAGE}:latest"] == named[f"patchkit/{IMAGE}:{result.built.tag}"] == result.engine_image
+
+
+def test_a_build_the_engine_refuses_is_an_engine_error_naming_the_build(client):
+    """A context whose Dockerfile ADDs a file it does not hold: the engine refuses the build (in its stream
+    or by its status), and nothing of it is left under the tags."""
+    context = io.BytesIO()
+    with tarfile.open(fileobj=context, mode="w:gz") as tar:
+        data = b"FROM scratch\nADD absent.tar /\n"
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    tags = tags_for("refused-test", "1", ())
+    with pytest.raises(EngineError) as err:
+        engine_build(client, context.getvalue(), tags, "linux/arm64", Quiet())
+    assert err.value.step == "building the image" and "absent.tar" in err.value.detail, err.value
+    assert not {t for i in client.images.list() for t in i.tags if "refused-test" in t}
+
+
+@pytest.mark.registry
+def test_a_pushed_name_holding_no_image_manifest_is_refused_naming_it(registry_server):
+    """annotate_pushed reads back what the engine pushed: an index there (no manifest) is refused, typed."""
+    index = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": []}).encode()
+    RegistryClient(registry_server.host).put_manifest("pushed/index", "1", index, OCI_INDEX)
+    tag = f"{registry_server.host}/pushed/index:1"
+    with pytest.raises(UnreadablePush) as err:
+        annotate_pushed(tag, {})
+    assert (err.value.tag, err.value.media_type, err.value.problem) == (tag, OCI_INDEX, "")
 
 
 @pytest.mark.registry

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import __version__
-from patchkit.engine import EngineError, answer, connect, engine_faults, engine_step, explain
+from patchkit.engine import EngineError, answer, connect, engine_faults, engine_refusals, engine_step, explain
 from patchkit.errors import PatchkitError
 from patchkit.images.assemble import Built
 from patchkit.images.leftovers import IMAGE_LABEL, bare_name, hold_tag, put_back_latest, recover
@@ -122,13 +122,13 @@ def engine_build(client, context: Path | bytes, tags: Tags, platform: str, progr
                 if "error" in chunk:
                     refused = str(chunk.get("error") or "").strip()[:2000]
                     left = _refused_leftovers(client, tags, previous, steps)
-                    raise PatchkitError(f"engine build failed: {refused}; {left}")
+                    raise EngineError("building the image", "the engine refused", f"{refused}; {left}")
                 aux = chunk.get("aux")
                 if isinstance(aux, dict) and isinstance(aux.get("ID"), str):
                     image_id = aux["ID"]
-        except _api_error() as exc:
-            raise PatchkitError(f"engine build failed: {explain(exc)}; "
-                                f"{_refused_leftovers(client, tags, previous, steps)}") from None
+        except engine_refusals() as exc:
+            raise EngineError("building the image", exc.__class__.__name__,
+                              f"{explain(exc)}; {_refused_leftovers(client, tags, previous, steps)}") from None
     if image_id is None:
         raise EngineError("building the image", "the build stream ended without the image id", clean=(
             _build_leftovers(client, tags, previous, steps)))
@@ -178,12 +178,6 @@ def _settle(client, image_id: str, tags: Tags, previous: str | None, left: Calla
 
 # A finished step's image in the build stream: Docker's classic builder ` ---> 0123456789ab`, podman's `--> 0123456789a`
 STEP_IMAGE = re.compile(r"^ ?-{2,3}> ([0-9a-f]{11,64})\s*$", re.MULTILINE)
-
-
-def _api_error():
-    import docker
-
-    return docker.errors.APIError
 
 
 def _build_stream(client, context: Path | bytes, tags: list[str], platform: str):
@@ -296,6 +290,17 @@ def engine_push(client, image_id: str, tags: Tags, annotations: dict[str, str]) 
     return pushed
 
 
+class UnreadablePush(PatchkitError):
+    """What the registry holds as `tag` after the engine pushed it is no image manifest patchkit can give the
+    annotations (exit 2): its `media_type`, and the `problem` reading it ("" where the media type alone is not
+    an image manifest's; else the name of what the reader raised)."""
+
+    def __init__(self, tag: str, media_type: str | None, problem: str = ""):
+        self.tag, self.media_type, self.problem = tag, media_type, problem
+        super().__init__(f"the manifest the engine pushed as {tag} is not one patchkit can read ({problem})" if problem
+                         else f"the engine pushed {tag} as {media_type!r}, not an image manifest")
+
+
 def annotate_pushed(tag: str, annotations: dict[str, str]) -> str:
     """Re-put the manifest an engine pushed under `tag` as an OCI manifest carrying `annotations`."""
     from patchkit.oci.media import (
@@ -315,7 +320,7 @@ def annotate_pushed(tag: str, annotations: dict[str, str]) -> str:
     client = RegistryClient(ref.registry)
     data, media_type = client.get_manifest(ref.repository, ref.tag)
     if media_type not in (DOCKER_MANIFEST, OCI_MANIFEST):
-        raise PatchkitError(f"the engine pushed {tag} as {media_type!r}, not an image manifest")
+        raise UnreadablePush(tag, media_type)
     try:
         manifest = json.loads(data)
         renamed = {DOCKER_CONFIG: "application/vnd.oci.image.config.v1+json", DOCKER_LAYER_GZIP: OCI_LAYER_GZIP,
@@ -327,8 +332,7 @@ def annotate_pushed(tag: str, annotations: dict[str, str]) -> str:
                           for layer in manifest["layers"]],
                "annotations": {**(manifest.get("annotations") or {}), **annotations}}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise PatchkitError(f"the manifest the engine pushed as {tag} is not one patchkit can read "
-                            f"({exc.__class__.__name__})") from None
+        raise UnreadablePush(tag, media_type, exc.__class__.__name__) from None
     body = json.dumps(oci, sort_keys=True, separators=(",", ":")).encode()
     digest = client.put_manifest(ref.repository, ref.tag, body, OCI_MANIFEST)
     return f"{tag}@{digest}"

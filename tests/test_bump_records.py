@@ -70,7 +70,7 @@ def a_rebase(real_patches, tmp_path) -> tuple[Rebase, planner.Plan]:
     test run, a failure), and the plan of a tiny tree (the planner's own result objects)."""
     shim, think, topk = real_patches["naming-shim"], real_patches["glm53-always-think"], real_patches["pool-topk-init"]
     edit = shim.edits[0]
-    new = RecordedEdit(edit.package, ("models/glm5next/common/model.py",), str(edit.action), "anchor\n", "text\n",
+    new = RecordedEdit(edit.package, ("models/glm5next/common/model.py",), edit.action, "anchor\n", "text\n",
                        versions=">=0.34")
     proposal = Proposal(edit, ProposalKind.RE_ANCHORED, new, "<0.34", Evidence(edit.candidates[0], new.candidates[0], 0.93,
                                                                     "old", "new", [12, 13], "aligned 93% similar"))

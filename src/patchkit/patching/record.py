@@ -28,7 +28,7 @@ from pathlib import Path
 from patchkit.errors import PatchFailed, PatchkitError
 from patchkit.localfiles import atomic_write
 from patchkit.patching.fsops import WrongFileKind, kind
-from patchkit.patching.patchset import Edit, InvalidPatchFile, Patch, applied_form, load_patch
+from patchkit.patching.patchset import Action, Edit, InvalidPatchFile, Patch, applied_form, load_patch
 from patchkit.sources.base import PACKAGES
 from patchkit.sources.directory import DirectorySource
 from patchkit.untrusted import read_file
@@ -70,12 +70,19 @@ class PackageInOneTree(PatchkitError):
 @dataclass(frozen=True)
 class RecordedEdit:
     """An edit as it is to be written into patch.toml (by `patchkit record` or the rebase): patchset.Edit's
-    fields as text, before the patch is loaded back (no index yet, `versions` the range as written), and
-    where its text goes. A changed copy is `dataclasses.replace`d, never rebuilt field by field."""
+    fields before the patch is loaded back, and where its text goes. A changed copy is `dataclasses.replace`d,
+    never rebuilt field by field.
+
+    Why not Edit itself: an Edit is what the loader made of written text, a RecordedEdit the text to write.
+    It has no `index` yet (its place is known once patch.toml is read back), its `versions` is the range as
+    it is to be written (an Edit's SpecifierSet prints its specifiers re-ordered, which would rewrite a
+    hand-written range) and `text_file` says where a long text goes, which the loader reads and forgets.
+    Every other field is Edit's, with Edit's type: tests/test_record.py fails when either gains, loses or
+    renames one without the other."""
 
     package: str
     candidates: tuple[str, ...]
-    action: str
+    action: Action
     anchor: str
     text: str
     count: int = 1
@@ -131,7 +138,7 @@ def edit_block(edit: RecordedEdit, *, comment: str = "") -> str:
     lines.append(f"anchor = {toml_string(edit.anchor)}")
     if edit.count != 1:
         lines.append(f"count = {edit.count}")
-    if edit.action != "assert":
+    if edit.action != Action.ASSERT:
         if edit.text_file:
             lines.append(f"text_file = {toml_string(edit.text_file)}")
         else:
@@ -301,20 +308,20 @@ def _grow(package, candidates, old, new, hunk, low, high, working):
                 continue
             pre, post = "".join(old[i1 - before : i1]), "".join(old[i2 : i2 + after])
             if i1 == i2 and pre and not post:
-                action, anchor, text = "insert_after", pre, changed_new
+                action, anchor, text = Action.INSERT_AFTER, pre, changed_new
             elif i1 == i2 and post and not pre:
-                action, anchor, text = "insert_before", post, changed_new
+                action, anchor, text = Action.INSERT_BEFORE, post, changed_new
             elif i1 != i2 or (pre and post):
-                action, anchor, text = "replace", pre + changed_old + post, pre + changed_new + post
+                action, anchor, text = Action.REPLACE, pre + changed_old + post, pre + changed_new + post
             else:
                 continue
-            if not anchor or not text or anchor == text or (action != "replace" and anchor in text):
+            if not anchor or not text or anchor == text or (action != Action.REPLACE and anchor in text):
                 continue
             applied = applied_form(action, anchor, text)
             if working.count(anchor) != 1 or working.count(applied) != 0:
                 continue
             result = working.replace(anchor, applied)
-            if result.count(applied) != 1 or (action != "replace" and result.count(anchor) != 1):
+            if result.count(applied) != 1 or (action != Action.REPLACE and result.count(anchor) != 1):
                 continue
             span = (i1 - before, i2 + after, j1 - before, j2 + after)
             return RecordedEdit(package, candidates, action, anchor, text), span
@@ -330,7 +337,7 @@ def record(patch: Patch, original: Path, edited: Path, *, versions: dict[str, st
     source = DirectorySource(original)
     versions = {**source.versions(), **(versions or {})}
     # Other releases' and packages' edits, and the asserts (invariants, which no diff shows), stay as written.
-    keep = [e for e in patch.edits if e.action == "assert" or not e.for_release(versions)]  # a package the tree lacks: not this recording's
+    keep = [e for e in patch.edits if e.action == Action.ASSERT or not e.for_release(versions)]  # a package the tree lacks: not this recording's
     known = {c: e.candidates for e in patch.edits for c in e.candidates}
     edits: list[RecordedEdit] = []
     files: dict[str, str] = {}

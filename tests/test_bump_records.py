@@ -24,6 +24,7 @@ from patchkit.census.kernels import NEEDS, Census, CensusRecord, Row
 from patchkit.jsondata import MalformedJson, decode
 from patchkit.patching import planner
 from patchkit.patching.patchset import load_patchset
+from patchkit.patching.plan_record import PlanRecord, plan_record
 from patchkit.patching.rebase import (
     Evidence,
     NeedsPerson,
@@ -127,6 +128,25 @@ def test_the_tracked_state_record_is_the_type_the_body_reads(real_patches):
                          "0.34.0", "milestone", "hand-written")
     run = strict(UpstreamRecord, {"tracked": [state.to_dict()]})
     assert run.tracked[0].released_in == "0.34.0"
+
+
+def test_the_planners_account_is_one_type_for_check_the_matrix_and_the_body(tmp_path):
+    """`patchkit check --json` and the matrix's cells write the planner's account of each edit through
+    plan_record's types, and the matrices recorded in tests/data/bump read back through the same ones with
+    every field there: a field renamed in that account fails here (the recorded matrices keep the old name)."""
+    tree = write_package(tmp_path / "tree", {"a.py": "def f(x, y):\n    return x\n"}, version="0.34.0")
+    drifted = load_patchset(write_patchset(tmp_path / "p", {"drifted": [
+        {"file": "a.py", "action": "insert_after", "anchor": "def f(x):\n", "text": "    pass\n"}]}))
+    run = strict(PlanRecord, plan_record(planner.plan(drifted.series(), DirectorySource(tree))).to_dict())
+    edit = run.patches[0].edits[0]
+    assert (run.patches[0].state, edit.state, edit.path) == (planner.State.BROKEN, planner.EditState.BROKEN, "a.py")
+    assert edit.nearest is not None and edit.nearest.line == 1 and "+def f(x, y):" in edit.nearest.diff
+    recorded = sorted((REPO / "tests" / "data" / "bump").glob("run-*/verify.json"))  # run/ predates the companion
+    assert recorded
+    for path in recorded:
+        matrix = strict(MatrixRecord, json.loads(path.read_text()))
+        accounts = [e for p in matrix.patches for c in p.cells.values() for e in c.edits + (c.would.edits if c.would else [])]
+        assert any(e.nearest for e in accounts), path  # a drifted anchor's nearest match, typed too
 
 
 def test_a_renamed_field_is_found_even_where_the_reader_defaults_it(real_patches, tmp_path):

@@ -27,6 +27,7 @@ from patchkit.cli.common import (
 )
 from patchkit.errors import PatchkitError
 from patchkit.patching import planner, report
+from patchkit.patching.plan_record import plan_record
 
 
 @click.command("list")
@@ -98,7 +99,7 @@ def check(sources, patches_dir, series, assumed, as_json):
     _report_companion(companion)
     refuse_if_out_of_every_range(plan)
     labels = {planner.State.NOT_APPLIED: "applies"}
-    emit(as_json, report.plan_to_dict(plan) | {"companion": companion.to_dict() if companion else None},
+    emit(as_json, plan_record(plan).to_dict() | {"companion": companion.to_dict() if companion else None},
          report.plan_table(plan, labels=labels))
     sys.exit(0 if plan.ok else 1)
 
@@ -161,7 +162,7 @@ def _run_on_target(target, patches_dir, series, assumed, as_json, wait, *, mode:
         if plan.ok and plan.changes:
             locked.write_plan(source, plan)
     labels = {done: done_label if plan.ok else str(done)}
-    emit(as_json, report.plan_to_dict(plan), report.plan_table(plan, labels=labels))
+    emit(as_json, plan_record(plan).to_dict(), report.plan_table(plan, labels=labels))
     if plan.ok and not plan.changes and not as_json:
         console.print(f"nothing to do: {nothing} (no file changed)")
     sys.exit(0 if plan.ok else 1)
@@ -191,7 +192,7 @@ def status(target, patches_dir, series, assumed, as_json, wait):
     from patchkit.wheels.manifest import installed_report  # a site-packages with a patched wheel names its patches
 
     wheels, lines = installed_report(target, patchset.patches)
-    emit(as_json, report.plan_to_dict(plan) | {"changes": []} | ({"wheels": wheels} if wheels else {}),
+    emit(as_json, plan_record(plan).to_dict() | {"changes": []} | ({"wheels": wheels} if wheels else {}),
          report.plan_table(plan))
     for line in [] if as_json else lines:
         console.print(line, markup=False, highlight=False)

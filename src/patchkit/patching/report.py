@@ -1,13 +1,11 @@
-"""Plans rendered for people (rich tables) and for machines (plain dicts for --json)."""
+"""Plans rendered for people (rich tables); for machines (--json) they are written as plan_record.PlanRecord."""
 
 from __future__ import annotations
-
-import hashlib
 
 from rich.table import Table
 from rich.text import Text
 
-from patchkit.patching.planner import PatchResult, Plan, State
+from patchkit.patching.planner import Plan, State
 
 STYLES = {
     State.APPLIED: "green",
@@ -19,51 +17,6 @@ STYLES = {
     State.PARTIAL: "bold red",
     State.MODIFIED: "bold red",
 }
-
-
-def plan_to_dict(plan: Plan) -> dict:
-    return {
-        "mode": plan.mode,
-        "source": plan.source,
-        "versions": plan.versions,
-        "ok": plan.ok,
-        "patches": [result_to_dict(r) for r in plan.results],
-        "changes": [
-            {
-                "package": c.package,
-                "path": c.path,
-                "old_sha256": hashlib.sha256(c.old).hexdigest(),
-                "new_sha256": hashlib.sha256(c.new).hexdigest(),
-            }
-            for c in plan.changes
-        ],
-    }
-
-
-def result_to_dict(result: PatchResult) -> dict:
-    return {
-        "id": result.patch.id,
-        "state": str(result.state),
-        "detail": result.detail,
-        "edits": [
-            {
-                "index": e.edit.index,
-                "action": e.edit.action,
-                "package": e.edit.package,
-                "path": e.path,
-                "candidates": list(e.edit.candidates),
-                "state": e.state,
-                "expected": e.edit.count,
-                "found": e.found,
-                "lines": e.lines,
-                "detail": e.detail,
-                "nearest": None
-                if e.nearest is None
-                else {"line": e.nearest.line, "similarity": round(e.nearest.similarity, 4), "diff": e.nearest.diff},
-            }
-            for e in result.edits
-        ],
-    }
 
 
 def plan_table(plan: Plan, *, labels: dict[State, str] | None = None) -> Table:

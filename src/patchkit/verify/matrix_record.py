@@ -4,17 +4,18 @@ types (render.to_dict) and the bump pull request's body reads it back through th
 stops validating, naming the field.
 
 A cell's state is `states.CellState`, a companion's `sources.companion.How`: a value neither knows is
-refused. A cell's edits are the planner's account (patching.report.result_to_dict), carried as written.
+refused. A cell's edits are the planner's account, typed once for every writer and reader of it
+(patching.plan_record.EditResultRecord, as `patchkit check --json` writes them).
 The fields with a default are those a record from before they existed lacks (tests/data/bump/run).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import msgspec
 
+from patchkit.patching.plan_record import EditResultRecord, patch_result_record
 from patchkit.sources.companion import CompanionRecord
 from patchkit.verify.matrix import Cell, Matrix
 from patchkit.verify.states import CellState
@@ -23,13 +24,13 @@ from patchkit.verify.states import CellState
 class WouldRecord(msgspec.Struct, kw_only=True):
     state: CellState
     detail: str
-    edits: list[dict[str, Any]]
+    edits: list[EditResultRecord]
 
 
 class CellRecord(msgspec.Struct, kw_only=True):
     state: CellState
     detail: str
-    edits: list[dict[str, Any]]  # patching.report.result_to_dict's edits
+    edits: list[EditResultRecord]
     would: WouldRecord | None  # out of range: what it would do with every range ignored
     companion: str | None = None  # the column's companion finding, on a patch that edits the companion
 
@@ -81,13 +82,11 @@ class MatrixRecord(msgspec.Struct, kw_only=True):
 
 
 def _cell(cell: Cell) -> CellRecord:
-    from patchkit.patching.report import result_to_dict
-
     would = None
     if cell.would is not None and (would_state := cell.would_state) is not None:
-        planned = result_to_dict(cell.would)
-        would = WouldRecord(state=would_state, detail=planned["detail"], edits=planned["edits"])
-    return CellRecord(state=cell.state, detail=cell.result.detail, edits=result_to_dict(cell.result)["edits"],
+        planned = patch_result_record(cell.would)
+        would = WouldRecord(state=would_state, detail=planned.detail, edits=planned.edits)
+    return CellRecord(state=cell.state, detail=cell.result.detail, edits=patch_result_record(cell.result).edits,
                       would=would, companion=cell.companion)
 
 

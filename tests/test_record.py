@@ -6,6 +6,7 @@ the same changes the hand-written patch plans. Hostile trees are refused without
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import tomllib
@@ -15,10 +16,19 @@ from pathlib import Path
 import pytest
 
 from hostile import assert_refused, run_patchkit
+from patchkit.jsondata import decode
 from patchkit.patching import planner
-from patchkit.patching.patchset import Edit, InvalidPatchFile, load_patchset
-from patchkit.patching.record import RecordedEdit, Unrecordable, record, split_edits, write_recording
+from patchkit.patching.patchset import Action, Edit, InvalidPatchFile, load_patchset
+from patchkit.patching.record import (
+    RecordedEdit,
+    RecordingRecord,
+    Unrecordable,
+    record,
+    split_edits,
+    write_recording,
+)
 from patchkit.sources import DirectorySource, open_source
+from record_fields import declared_but_absent
 
 REPO = Path(__file__).resolve().parents[1]
 # persistent-topk-cc12's [upstreamed] probe fires on every release (version_tuple = (0, 3...)); its edits
@@ -138,9 +148,19 @@ def test_record_cli_writes_only_with_write(tmp_path, stock_files):
                        "--patches", str(folder), "--json")
     assert out.code == 0, out.output[-2000:]
     assert (folder / "quantprobe" / "patch.toml").read_bytes() == before
+    # --json is the command's own RecordingRecord, every field it declares there (a renamed one fails here)
+    assert declared_but_absent(RecordingRecord, json.loads(out.stdout)) == []
+    recorded = decode(out.stdout.encode(), RecordingRecord, "patchkit record --json")
+    assert (recorded.patch, recorded.written, recorded.proven) == ("quantprobe", False, True)
+    assert [(e.action, e.file, e.text_file) for e in recorded.edits] == [
+        (Action.INSERT_BEFORE, "model_executor/layers/quantization/base_config.py", "base_config.py.txt"),
+        (Action.INSERT_AFTER, "model_executor/layers/quantization/base_config.py", None)]
     out = run_patchkit("record", "--patch", "quantprobe", "--from", str(original), "--to", str(edited),
                        "--patches", str(folder), "--write")
     assert out.code == 0, out.output[-2000:]
+    said = " ".join(out.stdout.split())  # the console wraps long lines
+    assert said.startswith("insert_before on vllm/model_executor/layers/quantization/base_config.py: anchor 1 line(s), "
+                           "text 66 line(s) in base_config.py.txt insert_after on ") and "2 edit(s);" in said
     recorded = load_patchset(folder).patch("quantprobe")
     assert dataclasses.astuple(recorded)[0] == "quantprobe"
     plan = planner.plan([recorded], DirectorySource(original))

@@ -99,15 +99,15 @@ def record(patch_id, original, edited, write, assumed, patches_dir, as_json):
     recording = rec.record(patch, original, edited, versions=parse_assumed(assumed))
     if write:
         rec.write_recording(patch, recording)
-    payload = recording.to_dict() | {"written": write, "proven": True}
+    payload = recording.record(written=write)
     if as_json:
-        emit(True, payload)
+        emit(True, payload.to_dict())
     else:
-        for e in payload["edits"]:
-            console.print(f"{e['action']} on {e['package']}/{e['file']}: anchor {e['anchor_lines']} line(s), "
-                          f"text {e['text_lines']} line(s)" + (f" in {e['text_file']}" if e["text_file"] else ""),
+        for e in payload.edits:
+            console.print(f"{e.action} on {e.package}/{e.file}: anchor {e.anchor_lines} line(s), "
+                          f"text {e.text_lines} line(s)" + (f" in {e.text_file}" if e.text_file else ""),
                           markup=False, highlight=False)
-        console.print(f"{len(payload['edits'])} edit(s); applied onto {original} they give {edited} byte for byte; "
+        console.print(f"{len(payload.edits)} edit(s); applied onto {original} they give {edited} byte for byte; "
                       + ("written" if write else "nothing written (use --write)"), markup=False, highlight=False)
 
 

@@ -25,6 +25,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from patchkit.errors import PatchFailed, PatchkitError
 from patchkit.localfiles import atomic_write
 from patchkit.patching.fsops import WrongFileKind, kind
@@ -99,6 +101,30 @@ class RecordedEdit:
         return applied_form(self.action, self.anchor, self.text)
 
 
+class RecordedEditRecord(msgspec.Struct, kw_only=True):
+    """One recorded edit in `patchkit record --json`: where and what, its texts as line counts."""
+
+    package: str
+    file: str | list[str]  # the one candidate, or every candidate
+    action: Action
+    count: int
+    anchor_lines: int
+    text_lines: int
+    text_file: str | None  # the file beside patch.toml its text is written to
+
+
+class RecordingRecord(msgspec.Struct, kw_only=True):
+    """`patchkit record --json`, declared once: the command writes it and words its text output from it."""
+
+    patch: str
+    edits: list[RecordedEditRecord]
+    written: bool  # --write: patch.toml and its text files were rewritten
+    proven: bool  # always true: a recording that does not reproduce the edited tree is an error, not a record
+
+    def to_dict(self) -> dict:
+        return msgspec.to_builtins(self)
+
+
 @dataclass
 class Recording:
     patch_id: str
@@ -106,11 +132,11 @@ class Recording:
     files: dict[str, str] = field(default_factory=dict)  # text file name -> text
     toml: str = ""
 
-    def to_dict(self) -> dict:
-        return {"patch": self.patch_id, "edits": [
-            {"package": e.package, "file": e.candidates[0] if len(e.candidates) == 1 else list(e.candidates),
-             "action": e.action, "count": e.count, "anchor_lines": e.anchor.count("\n"),
-             "text_lines": e.text.count("\n"), "text_file": e.text_file} for e in self.edits]}
+    def record(self, *, written: bool) -> RecordingRecord:
+        return RecordingRecord(patch=self.patch_id, written=written, proven=True, edits=[
+            RecordedEditRecord(package=e.package, file=e.candidates[0] if len(e.candidates) == 1 else list(e.candidates),
+                               action=e.action, count=e.count, anchor_lines=e.anchor.count("\n"),
+                               text_lines=e.text.count("\n"), text_file=e.text_file) for e in self.edits])
 
 
 # ---------------------------------------------------------------------------------------------- TOML text

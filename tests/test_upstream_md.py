@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from patchkit.patching.patchset import load_patchset
-from patchkit.patching.upstream import render
+from patchkit.upstream.upstream_md import render
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -217,7 +217,7 @@ def test_write_still_regenerates_upstream_md(tmp_path):
     shutil.copytree(REPO / "patches", tmp_path / "patches")
     out = patchkit("upstream", "--write", "--patches", tmp_path / "patches")
     assert out.returncode == 0, out.stderr
-    from patchkit.patching.upstream import render
+    from patchkit.upstream.upstream_md import render
 
     text = (tmp_path / "UPSTREAM.md").read_text()
     assert text == render(load_patchset(tmp_path / "patches")) and "tracked pr [vllm-project/vllm#53969]" in text

@@ -127,8 +127,8 @@ def upstream(write, answers, record_to, gh, patch_ids, patches_dir, as_json):
     """Each patch's tracked upstream PRs and issues with their state (open, closed, merged, and the release
     a merge shipped in where known), read from GitHub's API; or, with --write, UPSTREAM.md."""
     from patchkit.patching.patchset import load_patchset
-    from patchkit.patching.upstream import render
     from patchkit.upstream import upstream_state as us
+    from patchkit.upstream.upstream_md import render
 
     patchset = load_patchset(patches_dir)
     if write:

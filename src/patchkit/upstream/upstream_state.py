@@ -27,8 +27,8 @@ from patchkit.jsondata import decode
 from patchkit.localfiles import atomic_write
 from patchkit.patching.patchset import Patch
 from patchkit.patching.schema import TrackedTable
-from patchkit.patching.upstream import tracked_url
 from patchkit.untrusted import read_file
+from patchkit.upstream.upstream_md import tracked_url
 
 GH_TIMEOUT_S = 60.0
 _RELEASE = re.compile(r"v?(\d+(?:\.\d+)+(?:[a-z0-9.+-]*)?)")

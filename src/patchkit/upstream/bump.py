@@ -14,7 +14,7 @@ from __future__ import annotations
 from patchkit.patching.planner import State
 from patchkit.patching.rebase.model import EXIT_FAILED, EXIT_WRITTEN, RebaseState
 from patchkit.patching.rebase.records import PatchRecord, RebaseRecord
-from patchkit.patching.test_files import behaviour_test_prefix
+from patchkit.patching.test_files import BEHAVIOUR_TESTS, behaviour_test_prefix
 from patchkit.upstream.bump_records import BumpRun, code, load_run
 from patchkit.upstream.retire import Kind, Retirement
 from patchkit.upstream.run_record import RunRecord, TestOutcome
@@ -135,7 +135,7 @@ def _summary(run: BumpRun) -> list[str]:
     if run.tests is None:
         lines.append(f"- behaviour tests on {run.release}: **not run** ({_tests_not_run(run)})")
     else:
-        passed, failed, skipped = _counts(run.tests, "tests/patches/")
+        passed, failed, skipped = _counts(run.tests, BEHAVIOUR_TESTS + "/")
         lines.append(f"- behaviour tests on {run.release}: {passed} passed, {failed} failed, {skipped} skipped"
                      + (" (**failures**)" if failed else ""))
     if run.verify is None:

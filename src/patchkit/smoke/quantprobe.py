@@ -12,7 +12,7 @@ from pathlib import Path
 
 from patchkit.errors import PatchkitError
 from patchkit.smoke.synthetic_layout import PREFIX, Dims, Layout, is_kda
-from patchkit.vllm_rules import EXPERT_PROJECTIONS, module_prefix
+from patchkit.vllm_rules import EXPERT_PROJECTIONS, QuantConfigRefused, module_prefix
 
 SRC = Path(__file__).resolve().parents[2]  # the directory holding the patchkit package
 
@@ -120,7 +120,7 @@ def _algo(qc, method: str, layer: str, prefix: str) -> str:
             experts = object.__new__(RoutedExperts)
             schemes = [qc.get_scheme_dict(experts, f"{prefix}.0.{p}") for p in EXPERT_PROJECTIONS]
             if any(s != schemes[0] for s in schemes):
-                raise PatchkitError(f"{prefix}: its expert projections resolve to different schemes; vLLM refuses the layer")
+                raise QuantConfigRefused(prefix, "its expert projections resolve to different schemes; vLLM refuses the layer")
             scheme = schemes[0]
         else:
             cls = ParallelLMHead if prefix.endswith("lm_head") else RowParallelLinear

@@ -168,8 +168,8 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def load_layout(spec: str, *, tag: str | None = None, engine_url: str | None = None, cache: Path | None = None,
                 progress: Progress | None = None) -> LoadedLayout:
     """Load the layout `spec`'s linux/arm64 image into the engine under `tag` (default_tag)."""
+    from patchkit.cache_root import default_cache_root
     from patchkit.engine import connect
-    from patchkit.sources.cache import default_cache_root
 
     progress = progress or Quiet()
     tag = tag or default_tag(spec)

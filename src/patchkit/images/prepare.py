@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from patchkit.cache_root import default_cache_root
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
 from patchkit.images.extras import NO_EXTRAS, ExtraLayer, extra_layer
@@ -27,7 +28,6 @@ from patchkit.patching.carry import carry
 from patchkit.patching.patchset import Edit, Patch, PatchSet, Probe
 from patchkit.patching.planner import FileChange, Plan, plan
 from patchkit.sources.base import ImageFiles
-from patchkit.sources.cache import default_cache_root
 from patchkit.sources.installed_version import release_layouts
 
 BaseT = TypeVar("BaseT", bound=Base)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 
+from patchkit.cache_root import default_cache_root
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import decode
 from patchkit.oci.layout import Layout, LocalBlob
@@ -28,7 +29,6 @@ from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference, RegistryClient
 from patchkit.oci.schema import Descriptor, ImageConfig, Index, Manifest, Typed, parse
 from patchkit.oci.verified import VerifiedStream, check_bytes
-from patchkit.sources.cache import default_cache_root
 from patchkit.untrusted import open_regular, read_file
 
 # An index may name an index (a nested list); real ones nest once. Deeper is refused, so a registry

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from engines import REFUSAL, FaultProxy, client, patched_files, podman, podman_service, realistic  # noqa: F401
-from patchkit.engine import EngineError
+from patchkit.engine import RUN_LABEL, EngineError, clear_command
 from patchkit.errors import PatchkitError
 from patchkit.images.build import build
 from patchkit.images.engine_files import (
@@ -35,7 +35,6 @@ from patchkit.images.engine_files import (
     VersionUnknown,
     cache_key,
 )
-from patchkit.images.leftovers import RUN_LABEL, clear_command
 from patchkit.images.local import WrongLocalPlatform, find_local_base
 from patchkit.oci.media import Platform
 from patchkit.oci.source import PackageRoot
@@ -674,9 +673,10 @@ def test_a_target_under_a_symlinked_directory_keeps_the_link_and_its_other_files
 def test_recover_removes_only_the_containers_of_runs_that_are_over(reference, client):
     """A container labelled by a run whose process is gone is removed; one of a live run (this process), one
     whose label patchkit did not write and one with no label stay."""
-    from patchkit.images.leftovers import recover, this_run
+    from patchkit.engine import this_run
+    from patchkit.images.leftovers import recover
 
-    gone = subprocess.run([sys.executable, "-c", "from patchkit.images.leftovers import this_run; print(this_run())"],
+    gone = subprocess.run([sys.executable, "-c", "from patchkit.engine import this_run; print(this_run())"],
                           env={**os.environ, "PYTHONPATH": str(HERE.parent / "src")}, capture_output=True, text=True,
                           check=True).stdout.strip()
     made = {label: client.containers.create(reference["image_id"], command=["/x"], entrypoint=[],

@@ -31,9 +31,16 @@ from typing import Literal
 
 from packaging.utils import canonicalize_name
 
-from patchkit.engine import EngineError, engine_error, engine_refusals, engine_step, explain
+from patchkit.engine import (
+    EngineError,
+    clear_command,
+    engine_error,
+    engine_refusals,
+    engine_step,
+    explain,
+    run_labels,
+)
 from patchkit.errors import PatchkitError
-from patchkit.images.leftovers import clear_command, run_labels
 from patchkit.oci.base import Base
 from patchkit.oci.layer import Member, normalize
 from patchkit.oci.source import PackagePaths, PackageRoot

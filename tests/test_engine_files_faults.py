@@ -24,21 +24,21 @@ from engines import REFUSAL, FaultProxy, client, patched_files, podman, podman_s
 from patchkit.engine import RUN_LABEL, EngineError, clear_command
 from patchkit.errors import PatchkitError
 from patchkit.images.build import build
-from patchkit.images.engine_files import (
+from patchkit.images.local import WrongLocalPlatform, find_local_base
+from patchkit.oci.base import LocalBase
+from patchkit.oci.media import Platform
+from patchkit.sources.cache import FileCache
+from patchkit.sources.container_files import (
     BytecodeUnknown,
     ContainerRemoved,
     ContainerSource,
     GarbledArchive,
-    LocalBase,
     NotAnImageId,
     NotARegularFile,
     VersionUnknown,
     cache_key,
 )
-from patchkit.images.local import WrongLocalPlatform, find_local_base
-from patchkit.oci.media import Platform
-from patchkit.oci.source import PackageRoot
-from patchkit.sources.cache import FileCache
+from patchkit.sources.image_files import PackageRoot
 from registry import registry_server  # noqa: F401
 
 IMAGE = "glm53-flash-nvfp4-4p67"
@@ -141,7 +141,8 @@ BUILD_SCRIPT = textwrap.dedent(f"""
     import json, os, signal, sys
     from pathlib import Path
     from patchkit.images.build import build
-    from patchkit.images import engine_files, local
+    from patchkit.images import local
+    from patchkit.sources import container_files
     from patchkit.sources import cache as cache_mod
 
     cache, ref, url, kill_at = sys.argv[1:5]
@@ -149,13 +150,13 @@ BUILD_SCRIPT = textwrap.dedent(f"""
         os.kill(os.getpid(), signal.SIGKILL)
 
     if kill_at.startswith("read:"):
-        n, calls, original = int(kill_at[5:]), [], engine_files.ContainerSource._from_engine
+        n, calls, original = int(kill_at[5:]), [], container_files.ContainerSource._from_engine
         def hooked(self, name):
             calls.append(name)
             if len(calls) == n:
                 die()
             return original(self, name)
-        engine_files.ContainerSource._from_engine = hooked
+        container_files.ContainerSource._from_engine = hooked
     elif kill_at == "between-blob-and-ref":
         original_write = cache_mod.atomic_write
         def write(path, data):
@@ -399,7 +400,7 @@ def test_containers_removed_under_a_read_are_not_taken_for_absent_files(referenc
                                                                         monkeypatch):
     """Someone runs `docker rm -f $(docker ps -aq)` / `docker container prune` while patchkit reads: every
     later read answers 404 for the container, which is not "the base has no such file"."""
-    from patchkit.images.engine_files import ContainerSource
+    from patchkit.sources.container_files import ContainerSource
 
     original, calls = ContainerSource._from_engine, []
 
@@ -487,7 +488,7 @@ def test_a_container_create_failing_after_others_were_made_removes_them(referenc
 @pytest.mark.registry
 def test_the_engine_stopping_mid_read_is_a_clean_error(reference, podman_service, podman, client, tmp_path,
                                                        monkeypatch):
-    from patchkit.images.engine_files import ContainerSource
+    from patchkit.sources.container_files import ContainerSource
 
     original, calls = ContainerSource._from_engine, []
 

@@ -72,7 +72,7 @@ class LoadRefused(PatchkitError):
 @dataclass(frozen=True)
 class LoadedLayout:
     """What `patchkit load` did: a receipt, not a base. A build on it finds it in the engine by its tag,
-    as any image there (images.local.LocalBase)."""
+    as any image there (oci.base.LocalBase)."""
 
     tag: str           # the name the engine now has it under
     image_id: str      # the engine's id of it (the config's digest)

@@ -3,7 +3,7 @@ engine (a Spark owner pulled it to run it), so only the patched files move.
 
 1. find the base in the engine: by the digest the image file pins (any of the image's RepoDigests), or
    by the name or id given with --base; it must be the image's platform;
-2. read the files the series names from the engine's copy of the base (images.engine_files: created,
+2. read the files the series names from the engine's copy of the base (sources.container_files: created,
    never started, containers of it, a request per file, kilobytes; kept under the base's image id, so a
    rebuild on the same base asks the engine for nothing) and plan on them, so every anchor is still
    asserted against the base's real files, not the network's;
@@ -31,16 +31,17 @@ from patchkit.engine import EngineError, engine_step
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
 from patchkit.images.engine import dockerfile, engine_build, engine_push, engine_retag, tags_for
-from patchkit.images.engine_files import ContainerSource, LocalBase
 from patchkit.images.labels import describe_image
 from patchkit.images.new_layer import new_layer
 from patchkit.images.prepare import Prepared, is_own_base, package_roots, plan_on
 from patchkit.images.reuse import KEY_LABEL, content_key, held_image
+from patchkit.oci.base import LocalBase
 from patchkit.oci.media import Platform
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
 from patchkit.patching.patchset import PatchSet
 from patchkit.sources.cache import FileCache
+from patchkit.sources.container_files import ContainerSource
 
 
 class WrongLocalPlatform(PatchkitError):

@@ -2,7 +2,7 @@
 files of the new layer.
 
 The base's files come from a source that reads them where the base is (`sources.base.ImageFiles`:
-`ImageLayersSource` over a registry or layout's layers, or `images.engine_files.ContainerSource` over the
+`ImageLayersSource` over a registry or layout's layers, or `sources.container_files.ContainerSource` over the
 local engine's copy); the planner asserts every anchor against them. What the image carries is
 patching.carry's one rule: a broken or partial patch raises `PatchFailed` with the planner's diagnostic,
 a series that changes nothing in the base raises `PatchkitError`.
@@ -23,11 +23,12 @@ from patchkit.oci.base import Base, BaseImage, open_base
 from patchkit.oci.layer import Entry, normalize
 from patchkit.oci.media import Platform
 from patchkit.oci.progress import Progress, Quiet
-from patchkit.oci.source import ImageLayersSource, PackageRoot
 from patchkit.patching.carry import carry
 from patchkit.patching.patchset import Edit, Patch, PatchSet, Probe
 from patchkit.patching.planner import FileChange, Plan, plan
 from patchkit.sources.base import ImageFiles
+from patchkit.sources.image_files import PackageRoot
+from patchkit.sources.image_layers import ImageLayersSource
 from patchkit.sources.installed_version import release_layouts
 
 BaseT = TypeVar("BaseT", bound=Base)

@@ -5,8 +5,8 @@ Two protocols, one family, declared here only:
   an sdist, a wheel, a git ref, several of them combined, a base image's files);
 - `ImageFiles`: a base image's files as an image build reads them, a `Source` that also knows each
   file's image path and metadata and the bytecode that could run instead of a module. Both image routes
-  satisfy it: `oci.source.ImageLayersSource` (a registry or layout base's layers) and
-  `images.engine_files.ContainerSource` (the local engine's copy).
+  satisfy it: `sources.image_layers.ImageLayersSource` (a registry or layout base's layers) and
+  `sources.container_files.ContainerSource` (the local engine's copy), over `sources.image_files`.
 
 Every method a caller may need is declared, so callers call methods and never ask a source what it has
 (`getattr`): a source without batching, files beside its packages or a listing inherits `SourceDefaults`.

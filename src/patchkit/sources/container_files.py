@@ -26,7 +26,6 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Literal
 
 from packaging.utils import canonicalize_name
@@ -41,10 +40,10 @@ from patchkit.engine import (
     run_labels,
 )
 from patchkit.errors import PatchkitError
-from patchkit.oci.base import Base
+from patchkit.oci.base import LocalBase
 from patchkit.oci.layer import Member, normalize
-from patchkit.oci.source import PackagePaths, PackageRoot
 from patchkit.sources.cache import FileCache
+from patchkit.sources.image_files import PackagePaths, PackageRoot
 from patchkit.sources.installed_version import VERSION_MODULES, held_version
 from patchkit.sources.metadata import version_py
 
@@ -117,16 +116,6 @@ class VersionUnknown(PatchkitError):
                          "version in the image file)")
 
 
-@dataclass(kw_only=True)
-class LocalBase(Base):
-    """The local engine's copy of the base (the --load route): `digest` is the registry digest the engine
-    recorded for it, else its image id; `repo_digests` the engine's RepoDigests (labels.base_annotations)."""
-
-    image_id: str          # always known: the engine found the image by it
-    from_ref: str          # what the Dockerfile's FROM names (resolved locally, never pulled)
-    layers: tuple[str, ...] = ()   # its RootFS diff_ids, as the engine lists them (images.reuse checks them)
-
-
 def cache_key(image_id: str, platform) -> str:
     """The member cache's key for an engine image: its id's hex digest (ids are `sha256:<hex>`) and the
     platform read (Docker's containerd image store names a multi-platform image by its index digest)."""
@@ -178,7 +167,7 @@ class ContainerSource(PackagePaths):
         return found[0] if found else None
 
     def bytecode(self, package: str, path: str) -> list[str]:
-        """The names the image's interpreter would load (`oci.source.bytecode_names`), the only bytecode
+        """The names the image's interpreter would load (`sources.image_files.bytecode_names`), the only bytecode
         that can run instead of the module, so `__pycache__` is not listed (through the engine that moves
         every pyc in it). A path that names no interpreter (no `pythonX.Y`) is refused: which names to
         stub cannot be told without that listing, and a stale pyc left to run is a wrong image."""

@@ -24,9 +24,10 @@ from engines import REFUSAL, FaultProxy, client, patched_files, podman, podman_s
 from patchkit.engine import RUN_LABEL, EngineError, clear_command
 from patchkit.errors import PatchkitError
 from patchkit.images.build import build
-from patchkit.images.local import WrongLocalPlatform, find_local_base
-from patchkit.oci.base import LocalBase
+from patchkit.images.local import find_local_base
+from patchkit.oci.base import LocalBase, WrongPlatform
 from patchkit.oci.media import Platform
+from patchkit.sources.base import NotARegularMember
 from patchkit.sources.cache import FileCache
 from patchkit.sources.container_files import (
     BytecodeUnknown,
@@ -34,7 +35,6 @@ from patchkit.sources.container_files import (
     ContainerSource,
     GarbledArchive,
     NotAnImageId,
-    NotARegularFile,
     VersionUnknown,
     cache_key,
 )
@@ -562,8 +562,9 @@ def test_the_engine_refusing_a_lookup_by_name_is_an_engine_error(reference, podm
 @pytest.mark.registry
 def test_a_base_of_another_platform_in_the_engine_is_refused_naming_both(reference, client):
     got = outcome(lambda: find_local_base(client, reference["ref"], Platform.parse("linux/amd64")))
-    assert isinstance(got, WrongLocalPlatform), f"{type(got).__name__}: {got}"
-    assert (got.spec, got.found, got.wanted) == (reference["ref"], "linux/arm64", "linux/amd64")
+    assert isinstance(got, WrongPlatform), f"{type(got).__name__}: {got}"
+    assert (got.spec, got.found, got.wanted, got.in_engine) == (reference["ref"], "linux/arm64", "linux/amd64", True)
+    assert "pull the linux/amd64 image" in str(got), got
 
 
 # == 5. bases whose target files are not plain files =====================================================
@@ -637,10 +638,11 @@ def test_a_target_that_is_not_a_regular_file_is_refused_by_name(kind, reference,
     assert model
     tag = derived_base(client, reference, f"localhost/target-{kind}:1", made)
     got = outcome(lambda: run(tmp_path / "cache", tag, podman))
-    assert isinstance(got, NotARegularFile), f"{type(got).__name__}: {got}"
-    assert (got.spec, got.path) == (tag, MODEL)
+    assert isinstance(got, NotARegularMember), f"{type(got).__name__}: {got}"
+    assert (got.member, got.where) == (MODEL, f"the engine's {tag}")
     # podman archives the link's target, naming it in its path-stat header; a directory's archive holds it
-    assert (got.kind, got.target) == (("symbolic link", MODEL + ".real") if kind == "symlink" else ("directory", None))
+    assert (got.found, got.target) == (("a symbolic link", MODEL + ".real") if kind == "symlink"
+                                       else ("a directory", None))
     assert not leftover_containers(client)
 
 

@@ -35,23 +35,13 @@ from patchkit.images.labels import describe_image
 from patchkit.images.new_layer import new_layer
 from patchkit.images.prepare import Prepared, is_own_base, package_roots, plan_on
 from patchkit.images.reuse import KEY_LABEL, content_key, held_image
-from patchkit.oci.base import LocalBase
+from patchkit.oci.base import LocalBase, WrongPlatform
 from patchkit.oci.media import Platform
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
 from patchkit.patching.patchset import PatchSet
 from patchkit.sources.cache import FileCache
 from patchkit.sources.container_files import ContainerSource
-
-
-class WrongLocalPlatform(PatchkitError):
-    """The engine's copy of the base `spec` is a `found` (os/architecture) image, not the `wanted` platform
-    (exit 2): the wanted one is to be pulled."""
-
-    def __init__(self, spec: str, found: str, wanted: str):
-        self.spec, self.found, self.wanted = spec, found, wanted
-        super().__init__(f"the engine's {spec} is {found}, not {wanted}: pull the {wanted} image (docker pull "
-                         f"--platform {wanted} ...)")
 
 
 def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
@@ -83,7 +73,7 @@ def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
     attrs = found.attrs
     have = {"os": attrs.get("Os"), "architecture": attrs.get("Architecture"), "variant": attrs.get("Variant")}
     if not platform.matches(have):
-        raise WrongLocalPlatform(spec, f"{have['os']}/{have['architecture']}", str(platform))
+        raise WrongPlatform(spec, str(platform), f"{have['os']}/{have['architecture']}", in_engine=True)
     digest = ref.digest if ref is not None and ref.digest else next(
         (rd.split("@", 1)[1] for rd in attrs.get("RepoDigests") or []), found.id)
     name = str(ref.with_tag(ref.tag)) if ref is not None else spec

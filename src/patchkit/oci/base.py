@@ -249,12 +249,14 @@ class NoPlatformImage(PatchkitError):
 
 
 class WrongPlatform(PatchkitError):
-    """A base whose config names another platform than the one asked for (exit 2): the base `spec`, the
-    platform it was `wanted` for and the one its config `found`."""
+    """A base of another platform than the one asked for (exit 2): the base `spec`, the platform it was
+    `wanted` for and the one it was `found` to be (os/architecture), by its config or, `in_engine`, by the
+    local engine's copy of it (then the wanted one is to be pulled)."""
 
-    def __init__(self, spec: str, wanted: str, found: str):
-        self.spec, self.wanted, self.found = spec, wanted, found
-        super().__init__(f"base {spec} is a {found} image, not {wanted}")
+    def __init__(self, spec: str, wanted: str, found: str, *, in_engine: bool = False):
+        self.spec, self.wanted, self.found, self.in_engine = spec, wanted, found, in_engine
+        super().__init__(f"the engine's {spec} is {found}, not {wanted}: pull the {wanted} image (docker pull "
+                         f"--platform {wanted} ...)" if in_engine else f"base {spec} is a {found} image, not {wanted}")
 
 
 def _finish(base: BaseImage, config_bytes: bytes) -> BaseImage:

@@ -75,7 +75,7 @@ class BaseBuildError(Exception):
 
 
 def cache_root() -> Path:
-    from patchkit.sources.cache import default_cache_root
+    from patchkit.cache_root import default_cache_root
 
     return default_cache_root() / "arm64-base"
 

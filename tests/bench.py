@@ -359,8 +359,8 @@ REBASE_FORWARD = [("flashinfer-python==0.7.2.post1", "flashinfer-python==0.7.4")
 def rebase_bench(patches_dir: Path) -> tuple[dict, dict]:
     """Per history step and patch: later edits, recovered (identical / same effect), needing a person,
     behaviour tests on the rebased set where the release's environment exists."""
+    from patchkit.cache_root import default_cache_root
     from patchkit.patching import rebase as rb
-    from patchkit.sources.cache import default_cache_root
 
     cache_dir = default_cache_root()
     out, totals = {}, {"later_edits": 0, "recovered": 0, "tested": 0, "recovered_and_passing": 0}

@@ -145,10 +145,10 @@ def test_a_patched_file_at_the_wrong_path_fails_naming_it(built, images_dir, wor
 
 def _base_file(built, path: str, tmp_path: Path) -> bytes:
     """The base's own bytes of `path`: the proof's cached chain of the image's lower layers (the base)."""
+    from patchkit.cache_root import default_cache_root
     from patchkit.oci.base import open_base
     from patchkit.oci.media import Platform
     from patchkit.smoke.image_rootfs import assemble, chain_id
-    from patchkit.sources.cache import default_cache_root
 
     layout, _ = built(MAIN)
     image = open_base(str(layout), Platform.parse("linux/arm64"))

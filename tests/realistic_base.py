@@ -224,7 +224,7 @@ def write_layer(layer: LayerShape, scale: float, blobs: Path) -> dict:
 
 
 def cache_dir(scale: float) -> Path:
-    from patchkit.sources.cache import default_cache_root
+    from patchkit.cache_root import default_cache_root
 
     return default_cache_root() / "realistic-base" / f"{GENERATION}-{scale:g}"
 

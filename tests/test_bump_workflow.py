@@ -126,8 +126,9 @@ def accepted(step: dict) -> set[int] | None:
 def real_archives() -> dict[str, list[Path]]:
     """The archives the job reads, from the user cache (downloaded from the real index once): cache folder
     (relative to the cache root) -> the archive and its record."""
+    from patchkit.cache_root import default_cache_root
     from patchkit.sources import open_source
-    from patchkit.sources.cache import ArchiveCache, default_cache_root
+    from patchkit.sources.cache import ArchiveCache
     from patchkit.wheels.release import release_wheel
 
     env = {k: os.environ.pop(k) for k in ("PATCHKIT_INDEX_URL",) if k in os.environ}
@@ -291,7 +292,7 @@ def replay(tmp: Path, tested: bool = False) -> Replay:
         for path in paths:
             _link(path, home / ".cache" / "patchkit" / folder)
     if tested:
-        from patchkit.sources.cache import default_cache_root
+        from patchkit.cache_root import default_cache_root
 
         (home / ".cache" / "patchkit" / "nox").symlink_to(default_cache_root() / "nox", target_is_directory=True)
         (home / ".cache" / "uv").symlink_to(Path(os.environ.get("UV_CACHE_DIR", Path.home() / ".cache" / "uv")),

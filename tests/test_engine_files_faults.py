@@ -21,25 +21,24 @@ from pathlib import Path
 import pytest
 
 from engines import REFUSAL, FaultProxy, client, patched_files, podman, podman_service, realistic  # noqa: F401
-from patchkit.engine import EngineError
+from patchkit.engine import RUN_LABEL, EngineError, clear_command
 from patchkit.errors import PatchkitError
 from patchkit.images.build import build
-from patchkit.images.engine_files import (
+from patchkit.images.local import find_local_base
+from patchkit.oci.base import LocalBase, WrongPlatform
+from patchkit.oci.media import Platform
+from patchkit.sources.base import NotARegularMember
+from patchkit.sources.cache import FileCache
+from patchkit.sources.container_files import (
     BytecodeUnknown,
     ContainerRemoved,
     ContainerSource,
     GarbledArchive,
-    LocalBase,
     NotAnImageId,
-    NotARegularFile,
     VersionUnknown,
     cache_key,
 )
-from patchkit.images.leftovers import RUN_LABEL, clear_command
-from patchkit.images.local import WrongLocalPlatform, find_local_base
-from patchkit.oci.media import Platform
-from patchkit.oci.source import PackageRoot
-from patchkit.sources.cache import FileCache
+from patchkit.sources.image_files import PackageRoot
 from registry import registry_server  # noqa: F401
 
 IMAGE = "glm53-flash-nvfp4-4p67"
@@ -142,7 +141,8 @@ BUILD_SCRIPT = textwrap.dedent(f"""
     import json, os, signal, sys
     from pathlib import Path
     from patchkit.images.build import build
-    from patchkit.images import engine_files, local
+    from patchkit.images import local
+    from patchkit.sources import container_files
     from patchkit.sources import cache as cache_mod
 
     cache, ref, url, kill_at = sys.argv[1:5]
@@ -150,13 +150,13 @@ BUILD_SCRIPT = textwrap.dedent(f"""
         os.kill(os.getpid(), signal.SIGKILL)
 
     if kill_at.startswith("read:"):
-        n, calls, original = int(kill_at[5:]), [], engine_files.ContainerSource._from_engine
+        n, calls, original = int(kill_at[5:]), [], container_files.ContainerSource._from_engine
         def hooked(self, name):
             calls.append(name)
             if len(calls) == n:
                 die()
             return original(self, name)
-        engine_files.ContainerSource._from_engine = hooked
+        container_files.ContainerSource._from_engine = hooked
     elif kill_at == "between-blob-and-ref":
         original_write = cache_mod.atomic_write
         def write(path, data):
@@ -400,7 +400,7 @@ def test_containers_removed_under_a_read_are_not_taken_for_absent_files(referenc
                                                                         monkeypatch):
     """Someone runs `docker rm -f $(docker ps -aq)` / `docker container prune` while patchkit reads: every
     later read answers 404 for the container, which is not "the base has no such file"."""
-    from patchkit.images.engine_files import ContainerSource
+    from patchkit.sources.container_files import ContainerSource
 
     original, calls = ContainerSource._from_engine, []
 
@@ -488,7 +488,7 @@ def test_a_container_create_failing_after_others_were_made_removes_them(referenc
 @pytest.mark.registry
 def test_the_engine_stopping_mid_read_is_a_clean_error(reference, podman_service, podman, client, tmp_path,
                                                        monkeypatch):
-    from patchkit.images.engine_files import ContainerSource
+    from patchkit.sources.container_files import ContainerSource
 
     original, calls = ContainerSource._from_engine, []
 
@@ -562,8 +562,9 @@ def test_the_engine_refusing_a_lookup_by_name_is_an_engine_error(reference, podm
 @pytest.mark.registry
 def test_a_base_of_another_platform_in_the_engine_is_refused_naming_both(reference, client):
     got = outcome(lambda: find_local_base(client, reference["ref"], Platform.parse("linux/amd64")))
-    assert isinstance(got, WrongLocalPlatform), f"{type(got).__name__}: {got}"
-    assert (got.spec, got.found, got.wanted) == (reference["ref"], "linux/arm64", "linux/amd64")
+    assert isinstance(got, WrongPlatform), f"{type(got).__name__}: {got}"
+    assert (got.spec, got.found, got.wanted, got.in_engine) == (reference["ref"], "linux/arm64", "linux/amd64", True)
+    assert "pull the linux/amd64 image" in str(got), got
 
 
 # == 5. bases whose target files are not plain files =====================================================
@@ -637,10 +638,11 @@ def test_a_target_that_is_not_a_regular_file_is_refused_by_name(kind, reference,
     assert model
     tag = derived_base(client, reference, f"localhost/target-{kind}:1", made)
     got = outcome(lambda: run(tmp_path / "cache", tag, podman))
-    assert isinstance(got, NotARegularFile), f"{type(got).__name__}: {got}"
-    assert (got.spec, got.path) == (tag, MODEL)
+    assert isinstance(got, NotARegularMember), f"{type(got).__name__}: {got}"
+    assert (got.member, got.where) == (MODEL, f"the engine's {tag}")
     # podman archives the link's target, naming it in its path-stat header; a directory's archive holds it
-    assert (got.kind, got.target) == (("symbolic link", MODEL + ".real") if kind == "symlink" else ("directory", None))
+    assert (got.found, got.target) == (("a symbolic link", MODEL + ".real") if kind == "symlink"
+                                       else ("a directory", None))
     assert not leftover_containers(client)
 
 
@@ -674,9 +676,10 @@ def test_a_target_under_a_symlinked_directory_keeps_the_link_and_its_other_files
 def test_recover_removes_only_the_containers_of_runs_that_are_over(reference, client):
     """A container labelled by a run whose process is gone is removed; one of a live run (this process), one
     whose label patchkit did not write and one with no label stay."""
-    from patchkit.images.leftovers import recover, this_run
+    from patchkit.engine import this_run
+    from patchkit.images.leftovers import recover
 
-    gone = subprocess.run([sys.executable, "-c", "from patchkit.images.leftovers import this_run; print(this_run())"],
+    gone = subprocess.run([sys.executable, "-c", "from patchkit.engine import this_run; print(this_run())"],
                           env={**os.environ, "PYTHONPATH": str(HERE.parent / "src")}, capture_output=True, text=True,
                           check=True).stdout.strip()
     made = {label: client.containers.create(reference["image_id"], command=["/x"], entrypoint=[],

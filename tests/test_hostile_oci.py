@@ -31,9 +31,10 @@ from patchkit.oci.base import NoPlatformImage, NoSuchLayout, UnsupportedBase, op
 from patchkit.oci.media import Platform
 from patchkit.oci.registry import ManifestDigestMismatch, RegistryClient, StoredDigestMismatch
 from patchkit.oci.schema import ImageConfig, Index, Manifest, parse
-from patchkit.oci.source import ImageLayersSource, PackageRoot
 from patchkit.oci.transport import AnswerPastDeadline
 from patchkit.oci.verified import BlobMismatch
+from patchkit.sources.image_files import PackageRoot
+from patchkit.sources.image_layers import ImageLayersSource
 from patchkit.untrusted import InputTooLarge, limit_of
 from realistic_base import realistic_layout
 from registry import registry_server  # noqa: F401  (session fixture)

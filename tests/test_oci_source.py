@@ -4,9 +4,10 @@ import pytest
 
 from patchkit.oci.base import WrongPlatform, open_base
 from patchkit.oci.media import Platform
-from patchkit.oci.source import ImageLayersSource, PackageRoot
 from patchkit.oci.verified import BlobMismatch
 from patchkit.sources.base import InvalidSourcePath, NotARegularMember
+from patchkit.sources.image_files import PackageRoot
+from patchkit.sources.image_layers import ImageLayersSource
 from patchkit.sources.installed_version import VersionsDisagree, VersionUnconfirmed
 from patchkit.untrusted import InputTooLarge
 from registry import raw_layer, small_layout, tar_gz

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from patchkit.sources.tarscan import TarError, open_gzip, scan
+from patchkit.inflate import open_gzip
+from patchkit.sources.tarscan import TarError, scan
 from registry import vllm_sdist
 
 segment = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x17F, blacklist_characters="/\\"),

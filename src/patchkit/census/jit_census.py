@@ -34,6 +34,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from patchkit.bounded_process import run_bounded
+from patchkit.cache_root import default_cache_root
 from patchkit.census import ptxas
 from patchkit.census.jit_units import (
     ARCHS,
@@ -49,7 +50,7 @@ from patchkit.census.jit_units import (
 from patchkit.census.reach import follow, lines, read_sources
 from patchkit.errors import PatchkitError
 from patchkit.sources.archives import TarGzArchive
-from patchkit.sources.cache import ArchiveCache, atomic_write, default_cache_root, user_secret
+from patchkit.sources.cache import ArchiveCache, atomic_write, user_secret
 from patchkit.sources.release import open_release
 from patchkit.untrusted import read_file
 

@@ -4,7 +4,7 @@ imports (click only), so `patchkit verify` can take them before it loads anythin
 Every command that reads the patch set takes `--patches`, every one that reads image or variant
 definitions `--images`; `--series NAME` comes with the `--images` its image name is looked up in. The
 group's `--cache-dir` (or PATCHKIT_CACHE_DIR, as uv's --cache-dir has UV_CACHE_DIR) is the one cache root
-patchkit.sources.cache.default_cache_root returns to every cache user, in this process and the ones it
+patchkit.cache_root.default_cache_root returns to every cache user, in this process and the ones it
 starts.
 """
 

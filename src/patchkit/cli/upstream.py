@@ -55,9 +55,9 @@ def _open(spec: str):
 def rebase(to, from_, patch_ids, write, no_tests, patches_dir, as_json):
     """Propose the new form of every edit broken, out of range or orphaned on a new release, check it, and
     (with --write) write each patch whose checks passed."""
+    from patchkit.cache_root import default_cache_root  # --cache-dir / PATCHKIT_CACHE_DIR, as nox's
     from patchkit.patching import rebase as rb
     from patchkit.patching.patchset import load_patchset
-    from patchkit.sources.cache import default_cache_root  # --cache-dir / PATCHKIT_CACHE_DIR, as nox's
 
     patchset = load_patchset(patches_dir)
     patches = [patchset.patch(i) for i in patch_ids] if patch_ids else patchset.series()
@@ -179,9 +179,9 @@ def retire(release, sources, results, patches_dir, as_json):
     the patch (`nox -s patch-necessity`); each proposal names its evidence. A patch whose range excludes
     RELEASE is measured all the same (its probe, its records, its anchors planned there): what retire would
     propose once it is rebased."""
+    from patchkit.cache_root import default_cache_root
     from patchkit.patching.patchset import load_patchset
     from patchkit.sources import combine_sources
-    from patchkit.sources.cache import default_cache_root
     from patchkit.upstream.retire import RetireRecord, verdicts
 
     release = _release(release)

@@ -16,13 +16,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from patchkit.cache_root import default_cache_root
 from patchkit.errors import PatchkitError
 from patchkit.gate import memo
 from patchkit.gate.blame import blame
 from patchkit.gate.compare import compare
 from patchkit.gate.run import build_tree, edited_files, prepare, run_tests, series_for
 from patchkit.gate.selection import SUBSETS, select
-from patchkit.sources.cache import ArchiveCache, default_cache_root
+from patchkit.sources.cache import ArchiveCache
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -33,7 +33,7 @@ from patchkit.oci.media import OCI_MANIFEST, canonical_json, sha256_digest
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.push import Blob, push_blobs
 from patchkit.oci.registry import Reference, RegistryClient
-from patchkit.oci.source import ImageLayersSource
+from patchkit.sources.image_layers import ImageLayersSource
 
 
 @dataclass

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchkit import CHECKOUT
+from patchkit.cache_root import default_cache_root
 from patchkit.engine import connect
 from patchkit.errors import PatchFailed
 from patchkit.images.assemble import Built, assemble, describe, push_image, write_output
@@ -43,7 +44,7 @@ from patchkit.images.prepare import prepare
 from patchkit.oci.media import Platform
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.patching.patchset import load_patchset
-from patchkit.sources.cache import FileCache, default_cache_root
+from patchkit.sources.cache import FileCache
 
 REPO_ROOT = CHECKOUT
 

@@ -43,10 +43,11 @@ from installer.records import Hash, RecordEntry
 from installer.scripts import Script
 from installer.sources import WheelSource
 
+from patchkit.cache_root import default_cache_root
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image, WheelPin
 from patchkit.oci.layer import Entry
-from patchkit.sources.cache import ArchiveCache, default_cache_root
+from patchkit.sources.cache import ArchiveCache
 from patchkit.sources.index import download, project_files
 from patchkit.sources.verified_wheel import BadWheel, VerifiedWheel, open_wheel
 from patchkit.untrusted import open_regular

@@ -1,8 +1,9 @@
 """What a patchkit build marks on an engine so that a run cut off (engine killed, connection reset, a
 garbled answer, patchkit itself killed) leaves nothing the next build cannot find and clear:
 
-- every container patchkit creates (images.engine_files' read containers) carries RUN_LABEL, the run that
-  made it, so one whose create answer was lost (its id never learnt) is still found by label;
+- every container patchkit creates (sources.container_files' read containers) carries
+  patchkit.engine.RUN_LABEL, the run that made it, so one whose create answer was lost (its id never
+  learnt) is still found by label;
 - before a build takes `:latest` off the image it names, it tags that image HOLD_TAG.<run>: the engine
   itself keeps which image `:latest` was on until the build ends and removes the mark;
 - the images patchkit builds carry its `dev.patchkit.image` label from their first step (images.local
@@ -12,87 +13,26 @@ garbled answer, patchkit itself killed) leaves nothing the next build cannot fin
 
 `recover` (called by each build route right after it connects) removes the containers of runs that are
 over, puts `:latest` back where a run that is over took it off and the engine has none, and removes the
-untagged images patchkit built. A run is over when its process is gone (same host: pid and start time),
-or, for a run on another host, when it started more than STALE_S ago. Nothing of a live run is touched,
+untagged images patchkit built. A run is over as patchkit.engine.is_over tells (its process is gone, or
+a run on another host started long ago). Nothing of a live run is touched,
 so builds at once on one engine do not clear each other's containers.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import socket
-import time
 from collections.abc import Callable
-from functools import cache
-from pathlib import Path
 
-from patchkit.engine import engine_step
+from patchkit.engine import RUN_ID, RUN_LABEL, engine_step, is_over, this_run
 
-RUN_LABEL = "dev.patchkit.run"          # on every container patchkit creates: the run that made it
 IMAGE_LABEL = "dev.patchkit.image"       # on every image patchkit builds (images.labels.describe_image)
 HOLD_TAG = "was-latest"                  # `<repo>:was-latest.<run>`: where `:latest` was before a build
-STALE_S = 6 * 3600                       # a run on another host older than this is over (no build lasts it)
-_RUN = re.compile(r"([0-9a-f]{8})\.(\d+)\.(\d+)\.(\d+)")   # host hash . pid . start ticks . unix time
-_HOLD = re.compile(rf"(?:localhost/|docker\.io/)?(patchkit/[^:]+):{HOLD_TAG}\.({_RUN.pattern})")
-
-
-def _host() -> str:
-    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time since boot (/proc/PID/stat field 22): with the pid, one process ever."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes().decode()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-@cache
-def this_run() -> str:
-    """This process's run id (tag-safe: host hash, pid, start ticks, unix time, dot-separated)."""
-    pid = os.getpid()
-    return f"{_host()}.{pid}.{_start_ticks(pid) or 0}.{int(time.time())}"
-
-
-def run_labels() -> dict[str, str]:
-    """The labels of a container this run creates."""
-    return {RUN_LABEL: this_run()}
-
-
-def clear_command() -> str:
-    """The command that removes every container this run made, the ones whose ids it never learnt too."""
-    return f"docker rm -f $(docker ps -aq --filter label={RUN_LABEL}={this_run()})"
+_HOLD = re.compile(rf"(?:localhost/|docker\.io/)?(patchkit/[^:]+):{HOLD_TAG}\.({RUN_ID.pattern})")
 
 
 def hold_tag(latest: str) -> str:
     """`patchkit/IMAGE:latest` -> `patchkit/IMAGE:was-latest.<run>`."""
     return f"{latest.rpartition(':')[0]}:{HOLD_TAG}.{this_run()}"
-
-
-def is_over(run: str) -> bool:
-    """Whether the run `run` has ended (a value patchkit did not write is no run of its: never over)."""
-    found = _RUN.fullmatch(run or "")
-    if found is None:
-        return False
-    host, pid, ticks, started = found.group(1), int(found.group(2)), int(found.group(3)), int(found.group(4))
-    if host != _host():
-        return time.time() - started > STALE_S
-    if pid == os.getpid() and ticks == (_start_ticks(pid) or 0):
-        return False
-    now = _start_ticks(pid)
-    if now is None:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            pass
-        return False  # no /proc here and the pid lives: taken for the same run
-    return now != ticks
 
 
 def bare_name(tag: str) -> str:

@@ -72,7 +72,7 @@ class LoadRefused(PatchkitError):
 @dataclass(frozen=True)
 class LoadedLayout:
     """What `patchkit load` did: a receipt, not a base. A build on it finds it in the engine by its tag,
-    as any image there (images.local.LocalBase)."""
+    as any image there (oci.base.LocalBase)."""
 
     tag: str           # the name the engine now has it under
     image_id: str      # the engine's id of it (the config's digest)
@@ -168,8 +168,8 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 def load_layout(spec: str, *, tag: str | None = None, engine_url: str | None = None, cache: Path | None = None,
                 progress: Progress | None = None) -> LoadedLayout:
     """Load the layout `spec`'s linux/arm64 image into the engine under `tag` (default_tag)."""
+    from patchkit.cache_root import default_cache_root
     from patchkit.engine import connect
-    from patchkit.sources.cache import default_cache_root
 
     progress = progress or Quiet()
     tag = tag or default_tag(spec)

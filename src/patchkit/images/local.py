@@ -3,7 +3,7 @@ engine (a Spark owner pulled it to run it), so only the patched files move.
 
 1. find the base in the engine: by the digest the image file pins (any of the image's RepoDigests), or
    by the name or id given with --base; it must be the image's platform;
-2. read the files the series names from the engine's copy of the base (images.engine_files: created,
+2. read the files the series names from the engine's copy of the base (sources.container_files: created,
    never started, containers of it, a request per file, kilobytes; kept under the base's image id, so a
    rebuild on the same base asks the engine for nothing) and plan on them, so every anchor is still
    asserted against the base's real files, not the network's;
@@ -31,26 +31,17 @@ from patchkit.engine import EngineError, engine_step
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
 from patchkit.images.engine import dockerfile, engine_build, engine_push, engine_retag, tags_for
-from patchkit.images.engine_files import ContainerSource, LocalBase
 from patchkit.images.labels import describe_image
 from patchkit.images.new_layer import new_layer
 from patchkit.images.prepare import Prepared, is_own_base, package_roots, plan_on
 from patchkit.images.reuse import KEY_LABEL, content_key, held_image
+from patchkit.oci.base import LocalBase, WrongPlatform
 from patchkit.oci.media import Platform
 from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
 from patchkit.patching.patchset import PatchSet
 from patchkit.sources.cache import FileCache
-
-
-class WrongLocalPlatform(PatchkitError):
-    """The engine's copy of the base `spec` is a `found` (os/architecture) image, not the `wanted` platform
-    (exit 2): the wanted one is to be pulled."""
-
-    def __init__(self, spec: str, found: str, wanted: str):
-        self.spec, self.found, self.wanted = spec, found, wanted
-        super().__init__(f"the engine's {spec} is {found}, not {wanted}: pull the {wanted} image (docker pull "
-                         f"--platform {wanted} ...)")
+from patchkit.sources.container_files import ContainerSource
 
 
 def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
@@ -82,7 +73,7 @@ def find_local_base(client, spec: str, platform: Platform) -> LocalBase | None:
     attrs = found.attrs
     have = {"os": attrs.get("Os"), "architecture": attrs.get("Architecture"), "variant": attrs.get("Variant")}
     if not platform.matches(have):
-        raise WrongLocalPlatform(spec, f"{have['os']}/{have['architecture']}", str(platform))
+        raise WrongPlatform(spec, str(platform), f"{have['os']}/{have['architecture']}", in_engine=True)
     digest = ref.digest if ref is not None and ref.digest else next(
         (rd.split("@", 1)[1] for rd in attrs.get("RepoDigests") or []), found.id)
     name = str(ref.with_tag(ref.tag)) if ref is not None else spec

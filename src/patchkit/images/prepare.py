@@ -2,7 +2,7 @@
 files of the new layer.
 
 The base's files come from a source that reads them where the base is (`sources.base.ImageFiles`:
-`ImageLayersSource` over a registry or layout's layers, or `images.engine_files.ContainerSource` over the
+`ImageLayersSource` over a registry or layout's layers, or `sources.container_files.ContainerSource` over the
 local engine's copy); the planner asserts every anchor against them. What the image carries is
 patching.carry's one rule: a broken or partial patch raises `PatchFailed` with the planner's diagnostic,
 a series that changes nothing in the base raises `PatchkitError`.
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from patchkit.cache_root import default_cache_root
 from patchkit.errors import PatchkitError
 from patchkit.images.definitions import Image
 from patchkit.images.extras import NO_EXTRAS, ExtraLayer, extra_layer
@@ -22,12 +23,12 @@ from patchkit.oci.base import Base, BaseImage, open_base
 from patchkit.oci.layer import Entry, normalize
 from patchkit.oci.media import Platform
 from patchkit.oci.progress import Progress, Quiet
-from patchkit.oci.source import ImageLayersSource, PackageRoot
 from patchkit.patching.carry import carry
 from patchkit.patching.patchset import Edit, Patch, PatchSet, Probe
 from patchkit.patching.planner import FileChange, Plan, plan
 from patchkit.sources.base import ImageFiles
-from patchkit.sources.cache import default_cache_root
+from patchkit.sources.image_files import PackageRoot
+from patchkit.sources.image_layers import ImageLayersSource
 from patchkit.sources.installed_version import release_layouts
 
 BaseT = TypeVar("BaseT", bound=Base)

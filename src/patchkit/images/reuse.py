@@ -10,7 +10,7 @@ value or base that differs is another key, so it builds as before.
 
 The engine's answer is checked, not taken: the image found must carry the key and every label the build
 would set, the build's env, the base's platform, and the base's layers with exactly one on top. The
-engine is trusted as far as it is for the base's files read from it (images.engine_files), no further.
+engine is trusted as far as it is for the base's files read from it (sources.container_files), no further.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import hashlib
 import json
 
 from patchkit.engine import engine_step
-from patchkit.images.engine_files import LocalBase
+from patchkit.oci.base import LocalBase
 
 KEY_LABEL = "dev.patchkit.build.key"    # on each --load image: content_key of what it was built from
 

@@ -1,4 +1,6 @@
-"""Open a base image for one platform, from a registry or an OCI layout, with a blob cache.
+"""The image a build starts from (`Base`), and opening one for one platform, from a registry or an OCI
+layout, with a blob cache (`BaseImage`); the local engine's copy of one is a `LocalBase`, found by
+images.local and read by sources.container_files.
 
 A base is named by a registry reference (`[registry/]repo[:tag]@sha256:...`) or a layout directory
 (`DIR` or `DIR:NAME`). An index is resolved to its entry for the requested platform; every manifest
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import msgspec
 
+from patchkit.cache_root import default_cache_root
 from patchkit.errors import PatchkitError
 from patchkit.jsondata import decode
 from patchkit.oci.layout import Layout, LocalBlob
@@ -28,7 +31,6 @@ from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference, RegistryClient
 from patchkit.oci.schema import Descriptor, ImageConfig, Index, Manifest, Typed, parse
 from patchkit.oci.verified import VerifiedStream, check_bytes
-from patchkit.sources.cache import default_cache_root
 from patchkit.untrusted import open_regular, read_file
 
 # An index may name an index (a nested list); real ones nest once. Deeper is refused, so a registry
@@ -45,7 +47,7 @@ def default_cache() -> Path:
 class Base:
     """The image a build adds its layer to, as every build route knows it: a registry or layout base read
     daemonless (`BaseImage`, also what the --engine route plans on) or the local engine's copy of it
-    (`images.engine_files.LocalBase`, the --load route). The annotations naming the base (images.labels) read
+    (`LocalBase`, the --load route). The annotations naming the base (images.labels) read
     these fields, and only these."""
 
     spec: str                     # as given (image.toml or --base)
@@ -123,6 +125,16 @@ class BaseImage(Base):
             assert self.client is not None and self.reference is not None
             return self.client.stream_blob(self.reference.repository, digest, size)
         return self.open_blob(digest, size)
+
+
+@dataclass(kw_only=True)
+class LocalBase(Base):
+    """The local engine's copy of the base (the --load route): `digest` is the registry digest the engine
+    recorded for it, else its image id; `repo_digests` the engine's RepoDigests (labels.base_annotations)."""
+
+    image_id: str          # always known: the engine found the image by it
+    from_ref: str          # what the Dockerfile's FROM names (resolved locally, never pulled)
+    layers: tuple[str, ...] = ()   # its RootFS diff_ids, as the engine lists them (images.reuse checks them)
 
 
 def open_base(spec: str, platform: Platform, *, cache: Path | None = None,
@@ -237,12 +249,14 @@ class NoPlatformImage(PatchkitError):
 
 
 class WrongPlatform(PatchkitError):
-    """A base whose config names another platform than the one asked for (exit 2): the base `spec`, the
-    platform it was `wanted` for and the one its config `found`."""
+    """A base of another platform than the one asked for (exit 2): the base `spec`, the platform it was
+    `wanted` for and the one it was `found` to be (os/architecture), by its config or, `in_engine`, by the
+    local engine's copy of it (then the wanted one is to be pulled)."""
 
-    def __init__(self, spec: str, wanted: str, found: str):
-        self.spec, self.wanted, self.found = spec, wanted, found
-        super().__init__(f"base {spec} is a {found} image, not {wanted}")
+    def __init__(self, spec: str, wanted: str, found: str, *, in_engine: bool = False):
+        self.spec, self.wanted, self.found, self.in_engine = spec, wanted, found, in_engine
+        super().__init__(f"the engine's {spec} is {found}, not {wanted}: pull the {wanted} image (docker pull "
+                         f"--platform {wanted} ...)" if in_engine else f"base {spec} is a {found} image, not {wanted}")
 
 
 def _finish(base: BaseImage, config_bytes: bytes) -> BaseImage:

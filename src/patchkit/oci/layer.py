@@ -23,8 +23,8 @@ from typing import Literal
 from isal import igzip
 
 from patchkit.errors import PatchkitError
+from patchkit.inflate import INFLATE_ERRORS
 from patchkit.oci.media import OCI_LAYER_GZIP
-from patchkit.sources.tarscan import INFLATE_ERRORS
 from patchkit.untrusted import Readable
 
 WHITEOUT_PREFIX = ".wh."

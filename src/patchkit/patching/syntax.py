@@ -14,7 +14,7 @@ import hashlib
 import sys
 import warnings
 
-from patchkit.sources.cache import default_cache_root
+from patchkit.cache_root import default_cache_root
 
 
 @functools.lru_cache(maxsize=64)

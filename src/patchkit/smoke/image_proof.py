@@ -182,10 +182,10 @@ def _put_helpers(root: Path, checkpoints: dict[str, Path]) -> None:
 def prove_image(spec: str, variants: list, *, images_dir: Path, patches_dir: Path, workdir: Path,
                 modelopt_python: str, cache: Path | None = None, timeout: float = 3600) -> ImageProof:
     """Prove the image at `spec` (an OCI layout, `DIR` or `DIR:REF`) for `variants`."""
+    from patchkit.cache_root import default_cache_root
     from patchkit.images.definitions import load_image
     from patchkit.patching.patchset import load_patchset
     from patchkit.smoke.cpu import _job, build_checkpoints
-    from patchkit.sources.cache import default_cache_root
 
     started = time.monotonic()
     seconds: dict[str, float] = {}

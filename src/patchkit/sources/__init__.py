@@ -1,4 +1,5 @@
-"""Where the code to patch comes from: a directory, a released sdist or wheel, a git ref.
+"""Where the code to patch comes from: a directory, a released sdist or wheel, a git ref, a base image's
+files (its layers, or the local engine's copy).
 
 Every source is read-only and satisfies `sources.base.Source` (`versions()`, `read(package, path)`, `read_many`,
 `distribution_file`, `package_files`); see docs/DESIGN.md.

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from patchkit.errors import PatchkitError
+from patchkit.inflate import INFLATE_ERRORS, open_gzip
 from patchkit.sources.base import (
     PACKAGES,
     NoPackages,
@@ -35,7 +36,7 @@ from patchkit.sources.base import (
     relative_path,
 )
 from patchkit.sources.cache import FileCache
-from patchkit.sources.tarscan import INFLATE_ERRORS, TarError, open_gzip, scan
+from patchkit.sources.tarscan import TarError, scan
 from patchkit.untrusted import InputTooLarge, limit_of, open_regular
 
 _KINDS = {"dir": "a directory", "link": "a link", "other": "not a regular file", "duplicate": "stored twice"}

@@ -5,8 +5,8 @@ Two protocols, one family, declared here only:
   an sdist, a wheel, a git ref, several of them combined, a base image's files);
 - `ImageFiles`: a base image's files as an image build reads them, a `Source` that also knows each
   file's image path and metadata and the bytecode that could run instead of a module. Both image routes
-  satisfy it: `oci.source.ImageLayersSource` (a registry or layout base's layers) and
-  `images.engine_files.ContainerSource` (the local engine's copy).
+  satisfy it: `sources.image_layers.ImageLayersSource` (a registry or layout base's layers) and
+  `sources.container_files.ContainerSource` (the local engine's copy), over `sources.image_files`.
 
 Every method a caller may need is declared, so callers call methods and never ask a source what it has
 (`getattr`): a source without batching, files beside its packages or a listing inherits `SourceDefaults`.
@@ -67,11 +67,13 @@ class PackageFoundTwice(PatchkitError):
 
 class NotARegularMember(PatchkitError):
     """A package file that is a link, a directory or another non-file (exit 2): the `member` asked for, what
-    it was `found` to be ("a link", "a directory", ...) and `where` (the archive, tree or ref)."""
+    it was `found` to be ("a link", "a directory", "a symbolic link", ...), `where` (the archive, tree, ref,
+    image layer or engine's image) and a symbolic link's `target` where the source names one (else None)."""
 
-    def __init__(self, member: str, found: str, where: str):
-        self.member, self.found, self.where = member, found, where
-        super().__init__(f"{member} is {found} in {where}: patchkit reads regular files only")
+    def __init__(self, member: str, found: str, where: str, target: str | None = None):
+        self.member, self.found, self.where, self.target = member, found, where, target
+        to = f" (to {target!r})" if target is not None else ""
+        super().__init__(f"{member} is {found}{to} in {where}: patchkit reads regular files only")
 
 
 class NoPackages(PatchkitError):

@@ -47,6 +47,7 @@ import platformdirs
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from patchkit.cache_root import default_cache_root
 from patchkit.errors import PatchkitError
 from patchkit.localfiles import adjacent_tmp_file, atomic_write, file_sha256
 from patchkit.untrusted import read_file
@@ -98,11 +99,6 @@ def _mac(secret: bytes, *parts: str | bytes) -> str:
 def _record_mac(secret: bytes, record: dict) -> str:
     fields = {k: record.get(k) for k in ("filename", "url", "sha256", "size", "verified")}
     return _mac(secret, "record", json.dumps(fields, sort_keys=True))
-
-
-def default_cache_root() -> Path:
-    override = os.environ.get("PATCHKIT_CACHE_DIR")
-    return Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("patchkit"))
 
 
 @dataclass(frozen=True)

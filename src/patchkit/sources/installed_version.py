@@ -1,5 +1,5 @@
 """Which version of a package a base (an image, a site-packages) holds: one rule, used by every route
-(the daemonless layer reads in oci.source, the local engine's reads in images.engine_files, directories).
+(the daemonless layer reads in sources.image_layers, the local engine's reads in sources.container_files, directories).
 
 What a real build writes, from vLLM 0.33.0's sdist (pyproject.toml `[tool.setuptools_scm]`, setup.py
 `get_vllm_version()`): setuptools-scm's version is written into `vllm/_version.py`

@@ -4,9 +4,9 @@ Hand-written because tarfile is the slow part of a cold read, not inflate: for v
 (9,629 members, 150 MB of tar) tarfile takes ~1.7 s to walk headers already in memory, against
 ~0.25 s for ISA-L to inflate the whole archive. This reads the ustar/PAX/GNU headers it needs
 (name, size, type; PAX `path`/`size`; GNU long names), checks each header's checksum as tarfile does,
-and skips the bodies nobody asked for without copying them out. Inflate is ISA-L's (`isal`, PyPI,
-about 2.5x zlib's speed) when installed, Python's gzip otherwise; either checks the CRC and length of
-the whole stream when it is read to its end, which `scan` always does.
+and skips the bodies nobody asked for without copying them out. Inflate is patchkit.inflate's (ISA-L's
+when installed, Python's gzip otherwise); either checks the CRC and length of the whole stream when it is
+read to its end, which `scan` always does.
 
 Hostile archives: every number is parsed strictly (octal digits, positive base-256, decimal PAX sizes),
 so no header can move the scan backwards or stay in place; a PAX header or GNU long name is bounded by
@@ -16,36 +16,17 @@ ends. Bodies are read a chunk at a time: memory follows what the stream holds, n
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterator
-from typing import BinaryIO
 
 from patchkit.untrusted import InputTooLarge, limit_of
 
-try:  # ISA-L's inflate where the platform has a wheel (x86-64, aarch64); the same API as gzip
-    from isal import igzip as _gzip
-    from isal.isal_zlib import error as _isal_error
-
-    # isal's stub declares `error` an instance (`error: Exception`); it is the exception class
-    _inflate_error: type[Exception] = _isal_error  # type: ignore[assignment]
-except ImportError:  # pragma: no cover - depends on the platform
-    import gzip as _gzip  # type: ignore[no-redef]  # igzip's API is gzip's
-
-    _inflate_error = zlib.error
-
 BLOCK = 512
 CHUNK = 4 << 20
-INFLATE_ERRORS = (OSError, EOFError, zlib.error, _inflate_error)
 _OCTAL = b"01234567"
 
 
 class TarError(ValueError):
     """A header that is not a tar header, or an archive that ends mid-member."""
-
-
-def open_gzip(file: BinaryIO):
-    """The inflated stream of an open gzip file (or path)."""
-    return _gzip.open(file, "rb")
 
 
 class _Buffer:

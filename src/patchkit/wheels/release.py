@@ -13,8 +13,9 @@ from pathlib import Path
 
 from packaging.version import Version
 
+from patchkit.cache_root import default_cache_root
 from patchkit.errors import PatchkitError
-from patchkit.sources.cache import ArchiveCache, default_cache_root
+from patchkit.sources.cache import ArchiveCache
 from patchkit.sources.index import IndexFile, project_files
 from patchkit.sources.pins import pinned_in_metadata
 from patchkit.sources.release import fetch_archive

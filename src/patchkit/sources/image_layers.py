@@ -1,6 +1,6 @@
 """`ImageLayersSource`: the `patchkit.sources.base.ImageFiles` protocol over a base image's layers.
 
-The engine asks for files one at a time (`read(package, path)`); this answers from the merged view of
+The planner asks for files one at a time (`read(package, path)`); this answers from the merged view of
 the layers without unpacking the image: layers are streamed top-most first and a lookup stops at the
 first layer that holds the path (or hides it with a whiteout, an opaque directory, or a non-directory
 parent), so layers below the one holding the files are never fetched. A path that is absent stops at
@@ -24,28 +24,16 @@ from dataclasses import dataclass, field
 
 from packaging.utils import canonicalize_name
 
-from patchkit.errors import PatchkitError
 from patchkit.oci.base import BaseImage
 from patchkit.oci.layer import Member, UnreadableLayer, iter_layer, normalize
 from patchkit.oci.media import READABLE_LAYERS
-from patchkit.sources.base import InvalidSourcePath, NotADistribution, NotARegularMember, SourceDefaults
+from patchkit.sources.base import NotADistribution, NotARegularMember
+from patchkit.sources.image_files import PackagePaths, PackageRoot
 from patchkit.sources.installed_version import VERSION_MODULES, held_version
 from patchkit.untrusted import InputTooLarge, limit_of, read_stream
 
 _METADATA_RE = re.compile(r"^(?P<name>[^/]+)-(?P<version>[^/-]+)\.dist-info/METADATA$")
 _RECORD_RE = re.compile(r"^(?P<name>[^/]+)-(?P<version>[^/-]+)\.dist-info/RECORD$")
-
-
-@dataclass(frozen=True)
-class PackageRoot:
-    """Where an import package lives in the image, and the version the image file declares for it
-    (None: take it from the image's dist-info METADATA, which must then exist)."""
-
-    name: str
-    root: str
-    distribution: str
-    declared: str | None = None
-    required: bool = True  # False: a base without this package simply has no version for it
 
 
 @dataclass
@@ -60,63 +48,6 @@ def _ancestors(name: str) -> Iterable[str]:
     while "/" in name:
         name = name.rsplit("/", 1)[0]
         yield name
-
-
-def bytecode_names(py_path: str) -> list[str]:
-    """The pyc names the image's interpreter would load for a module, from `pythonX.Y` in its path: the
-    only bytecode that can run instead of the source (a pyc of another tag is another interpreter's, and a
-    sourceless `<stem>.pyc` beside the source is shadowed by it: FileFinder tries the source loader first).
-    None when the path names no interpreter."""
-    m = re.search(r"/python(\d)\.(\d+)/", py_path)
-    if not m:
-        return []
-    folder, stem = posixpath.split(py_path[:-3])
-    tag = f"cpython-{m.group(1)}{m.group(2)}"
-    return [f"{folder}/__pycache__/{stem}.{tag}{opt}.pyc" for opt in ("", ".opt-1", ".opt-2")]
-
-
-class PackagePaths(SourceDefaults):
-    """What every source over an image's file system shares (the `ImageFiles` protocol's common part):
-    package-relative paths to image paths, batches read as an announcement then the reads, and the
-    versions, worked out once (`_version(root)`, `prefetch`, `read`, `meta` by the subclass)."""
-
-    packages: dict[str, PackageRoot]
-    description: str
-    _versions: dict[str, str] | None = None
-
-    def prefetch(self, files: Iterable[tuple[str, str]]) -> None:
-        raise NotImplementedError
-
-    def read_many(self, package: str, paths: list[str]) -> dict[str, bytes | None]:
-        self.prefetch((package, path) for path in paths)
-        return {path: self.read(package, path) for path in paths}
-
-    def versions(self) -> dict[str, str]:
-        if self._versions is None:
-            self._versions = {p.name: v for p in self.packages.values() if (v := self._version(p))}
-        return dict(self._versions)
-
-    def image_path(self, package: str, path: str) -> str:
-        """The absolute image path of a package file ('/usr/.../vllm/models/x.py')."""
-        name = self._path(package, path)
-        if name is None:
-            raise PatchkitError(f"package {package!r} has no path in this image definition")
-        return "/" + name
-
-    def bytecode(self, package: str, path: str) -> list[str]:
-        """The names the image's interpreter would load for module `path` (`bytecode_names`)."""
-        return bytecode_names(self.image_path(package, path)) if path.endswith(".py") else []
-
-    def _path(self, package: str, path: str) -> str | None:
-        pkg = self.packages.get(package)
-        if pkg is None:
-            return None
-        if path.startswith("/") or ".." in path.split("/"):
-            raise InvalidSourcePath(path, "absolute" if path.startswith("/") else "climbs-out")
-        return f"{normalize(pkg.root)}/{normalize(path)}"
-
-    def _version(self, pkg: PackageRoot) -> str | None:
-        raise NotImplementedError
 
 
 class ImageLayersSource(PackagePaths):
@@ -154,7 +85,7 @@ class ImageLayersSource(PackagePaths):
         return listing.content[name]
 
     def prefetch(self, files: Iterable[tuple[str, str]]) -> None:
-        """Announce the files the engine will read, so each layer is streamed only once."""
+        """Announce the files the build will read, so each layer is streamed only once."""
         names = [n for package, path in files if (n := self._path(package, path))]
         self._wanted.update(names)
         for name in names:

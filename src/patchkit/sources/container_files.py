@@ -26,18 +26,25 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Literal
 
 from packaging.utils import canonicalize_name
 
-from patchkit.engine import EngineError, engine_error, engine_refusals, engine_step, explain
+from patchkit.engine import (
+    EngineError,
+    clear_command,
+    engine_error,
+    engine_refusals,
+    engine_step,
+    explain,
+    run_labels,
+)
 from patchkit.errors import PatchkitError
-from patchkit.images.leftovers import clear_command, run_labels
-from patchkit.oci.base import Base
+from patchkit.oci.base import LocalBase
 from patchkit.oci.layer import Member, normalize
-from patchkit.oci.source import PackagePaths, PackageRoot
+from patchkit.sources.base import NotARegularMember
 from patchkit.sources.cache import FileCache
+from patchkit.sources.image_files import PackagePaths, PackageRoot
 from patchkit.sources.installed_version import VERSION_MODULES, held_version
 from patchkit.sources.metadata import version_py
 
@@ -80,16 +87,6 @@ class GarbledArchive(PatchkitError):
         super().__init__(f"the engine sent {_GARBLED[problem].format(found=found)} for {path}{why}")
 
 
-class NotARegularFile(PatchkitError):
-    """A file of the base `spec` at `path` is a `kind` ("directory", "link", "symbolic link", "special
-    file"), not a regular file (exit 2); a symbolic link's `target` where the engine named one (else None)."""
-
-    def __init__(self, spec: str, path: str, kind: str, target: str | None = None):
-        self.spec, self.path, self.kind, self.target = spec, path, kind, target
-        to = f" (to {target!r})" if target is not None else ""
-        super().__init__(f"{spec}: {path} is a {kind}{to}; patchkit reads and patches regular files only")
-
-
 class ContainerRemoved(PatchkitError):
     """The `container` (its short id) made to read the base `spec` was removed, by something else than
     patchkit, while `path` was being read (exit 2): nothing was built."""
@@ -108,16 +105,6 @@ class VersionUnknown(PatchkitError):
         self.spec, self.package, self.module = spec, package, module
         super().__init__(f"{spec}: the {package} version is unknown (no {module} stating __version__ and no "
                          "version in the image file)")
-
-
-@dataclass(kw_only=True)
-class LocalBase(Base):
-    """The local engine's copy of the base (the --load route): `digest` is the registry digest the engine
-    recorded for it, else its image id; `repo_digests` the engine's RepoDigests (labels.base_annotations)."""
-
-    image_id: str          # always known: the engine found the image by it
-    from_ref: str          # what the Dockerfile's FROM names (resolved locally, never pulled)
-    layers: tuple[str, ...] = ()   # its RootFS diff_ids, as the engine lists them (images.reuse checks them)
 
 
 def cache_key(image_id: str, platform) -> str:
@@ -142,6 +129,7 @@ class ContainerSource(PackagePaths):
         self.from_cache = 0                                             # answers the cache gave
         self.description = f"{base.name} ({base.image_id[:19]}) in the local engine"
         self._key = cache_key(base.image_id, base.platform)
+        self._where = f"the engine's {base.spec}"
         self._trust = trust_cache                                       # False: read all, refresh the cache
         self._listing = (cache.listing(self._key) or {}) if trust_cache else {}   # path -> ABSENT | PRESENT
         self._files: dict[str, tuple[Member, bytes] | None] = {}        # image path -> (entry, bytes)
@@ -171,7 +159,7 @@ class ContainerSource(PackagePaths):
         return found[0] if found else None
 
     def bytecode(self, package: str, path: str) -> list[str]:
-        """The names the image's interpreter would load (`oci.source.bytecode_names`), the only bytecode
+        """The names the image's interpreter would load (`sources.image_files.bytecode_names`), the only bytecode
         that can run instead of the module, so `__pycache__` is not listed (through the engine that moves
         every pyc in it). A path that names no interpreter (no `pythonX.Y`) is refused: which names to
         stub cannot be told without that listing, and a stale pyc left to run is a wrong image."""
@@ -221,7 +209,7 @@ class ContainerSource(PackagePaths):
             raw = self.cache.get(self._key, name)
             try:
                 found = self._entry(name, raw) if raw is not None else None
-            except (GarbledArchive, NotARegularFile):
+            except (GarbledArchive, NotARegularMember):
                 found = None
         with self._lock:
             self.from_cache += found is not None
@@ -235,7 +223,7 @@ class ContainerSource(PackagePaths):
                 if info is None:
                     raise GarbledArchive(name, "empty")
                 if not info.isreg():
-                    raise NotARegularFile(self.base.spec, name, _kind(info))
+                    raise NotARegularMember(name, f"a {_kind(info)}", self._where)
                 if posixpath.basename(info.name.rstrip("/")) != posixpath.basename(name):
                     raise GarbledArchive(name, "misnamed", info.name)
                 body = tar.extractfile(info)
@@ -271,10 +259,10 @@ class ContainerSource(PackagePaths):
         # names the link's target (else ""), podman the resolved path (the path itself for a plain file).
         target = (stat or {}).get("linkTarget") or ""
         if int((stat or {}).get("mode") or 0) & GO_MODE_SYMLINK or target not in ("", name):
-            raise NotARegularFile(self.base.spec, name, "symbolic link", target)
+            raise NotARegularMember(name, "a symbolic link", self._where, target)
         try:
             found = self._entry(name, raw)
-        except (GarbledArchive, NotARegularFile):
+        except (GarbledArchive, NotARegularMember):
             self._still_there(using[0], name)         # podman answers a removed container with an empty 200 too
             raise
         self.cache.put(self._key, name, raw)

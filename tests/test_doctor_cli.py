@@ -15,24 +15,10 @@ from pathlib import Path
 import pytest
 
 from hostile import run_patchkit
+from rendered_tables import column, squeezed
 
 LOGS = Path(__file__).parent / "data" / "boot-logs"
 ENGINE_DIES = LOGS / "4p67-engine-dies.log"  # a KeyError naming a tensor longer than a narrow column
-
-
-def _squeezed(text: str) -> str:
-    return re.sub(r"\s+", "", text)
-
-
-def column(table: str, name: str) -> str:
-    """The text of one column of a rich table as printed, its cells' lines joined, whitespace removed (a
-    folded or wrapped cell reads back as what was put in it)."""
-    lines = table.splitlines()
-    header = next(line for line in lines if line.startswith("┃"))
-    index = [cell.strip() for cell in header.strip().strip("┃").split("┃")].index(name)
-    cells = [line.strip()[1:-1].split("│")[index] for line in lines if line.startswith("│")]
-    assert cells, table
-    return _squeezed("".join(cells))
 
 
 @pytest.mark.parametrize("columns", [80, 200])
@@ -49,8 +35,8 @@ def test_doctor_host_prints_every_fix_and_finding_whole(columns):
     arch = next(c for c in checks if c["name"] == "TORCH_CUDA_ARCH_LIST")
     assert arch["fix"].startswith("export TORCH_CUDA_ARCH_LIST=12.1a ")
     for check in checks:
-        assert _squeezed(check["fix"]) in fixes, (check, table.stdout)
-        assert _figures_masked(_squeezed(check["found"])) in found, (check, table.stdout)
+        assert squeezed(check["fix"]) in fixes, (check, table.stdout)
+        assert _figures_masked(squeezed(check["found"])) in found, (check, table.stdout)
 
 
 def _figures_masked(text: str) -> str:
@@ -71,9 +57,9 @@ def test_doctor_log_prints_the_failing_line_whole(columns):
     assert table.code == 1 and "FAILED BOOT" in table.stdout, table.output[-3000:]
     assert "…" not in table.stdout, table.stdout
     details = column(table.stdout, "detail")
-    assert _squeezed(tensor) in details
+    assert squeezed(tensor) in details
     for finding in verdict["findings"]:
-        assert _squeezed(finding["detail"]) in details, finding
+        assert squeezed(finding["detail"]) in details, finding
 
 
 @pytest.mark.parametrize(("old", "new"), [

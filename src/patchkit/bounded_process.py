@@ -1,6 +1,8 @@
 """A host tool run bounded in time and in output: what it prints is read up to a kind's limit (untrusted),
 and at its timeout the tool is killed with its whole process group (it runs in a session of its own, so
-what it started, nvcc's cicc and ptxas or ssh's children, goes with it).
+what it started, nvcc's cicc and ptxas or ssh's children, goes with it). `run_to_files` is the same run
+for a tool whose output goes to files (a log of any length, pytest's; a worker's answer and its stderr):
+pytest-xdist's workers and vLLM's engine processes go with the tool at its timeout.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import signal
 import subprocess
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from patchkit.untrusted import read_stream
 
@@ -68,3 +71,28 @@ def run_bounded(argv: Sequence[str], *, timeout: float, kind: str, what: str, cw
             proc.wait()
         errors.seek(0)
         return Finished(proc.returncode, expired.is_set(), data, errors.read(ERRORS_KEPT))
+
+
+def run_to_files(argv: Sequence[str], *, timeout: float, stdout: IO[bytes], stderr: IO[bytes] | None = None,
+                 cwd: Path | str | None = None, env: Mapping[str, str] | None = None) -> Finished:
+    """Run `argv` (stdin closed), what it prints written to the file `stdout` (stderr too unless `stderr`
+    is given); its process group killed at `timeout` seconds, or when this wait is interrupted (Ctrl-C).
+    `output` is empty: it is in the files. Starting it may raise OSError, the caller's to word."""
+    proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=stdout,
+                            stderr=subprocess.STDOUT if stderr is None else stderr, start_new_session=True)
+    timed_out = False
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        if proc.returncode is None:  # timed out, or this wait interrupted
+            kill_group(proc)
+            proc.wait()
+    return Finished(proc.returncode, timed_out, b"")
+
+
+def written_text(file: IO[bytes]) -> str:
+    """What a run wrote to `file` (run_to_files), read back whole as text, undecodable bytes replaced."""
+    file.seek(0)
+    return file.read().decode("utf-8", "replace")

@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from patchkit.bounded_process import run_to_files
 from patchkit.errors import PatchkitError
 from patchkit.patching.copies import installed_package, reuse_or_copy
 from patchkit.patching.patchset import Patch, load_patchset
@@ -127,14 +127,12 @@ def run_tests(ws: Workspace, tree: Path, name: str, paths: list[str], *, only: l
             "--rootdir", str(ws.tests_root), *(["-n", str(workers)] if workers > 1 else []), *paths]
     log = ws.root / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as sink:
-        try:
-            proc = subprocess.run(args, cwd=ws.tests_root, env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                  timeout=RUN_TIMEOUT_S, check=False)
-        except subprocess.TimeoutExpired:
-            raise GateRunFailed(name, f"did not finish in {RUN_TIMEOUT_S} s (log: {log})") from None
+    with log.open("wb") as sink:  # its xdist workers are killed with it at the timeout (its process group)
+        finished = run_to_files(args, timeout=RUN_TIMEOUT_S, stdout=sink, cwd=ws.tests_root, env=env)
+    if finished.timed_out:
+        raise GateRunFailed(name, f"did not finish in {RUN_TIMEOUT_S} s (log: {log})")
     # pytest: 0 all passed, 1 some failed, 5 none collected; anything else is pytest itself failing.
-    if proc.returncode not in (0, 1, 5) or not out.is_file():
-        raise GateRunFailed(name, f"pytest exited {proc.returncode} without outcomes (log: {log})")
+    if finished.code not in (0, 1, 5) or not out.is_file():
+        raise GateRunFailed(name, f"pytest exited {finished.code} without outcomes (log: {log})")
     outcomes: dict[str, str] = json.loads(out.read_text())
     return outcomes

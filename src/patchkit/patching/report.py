@@ -24,8 +24,8 @@ def plan_table(plan: Plan, *, labels: dict[State, str] | None = None) -> Table:
     labels = labels or {}
     versions = ", ".join(f"{k} {v}" for k, v in sorted(plan.versions.items()))
     table = Table(title=f"{plan.source}  [{versions}]", title_justify="left")
-    table.add_column("patch")
-    table.add_column("state")
+    table.add_column("patch", overflow="fold")  # a patch id is copied whole: folded at any width, never cut
+    table.add_column("state", overflow="fold")
     table.add_column("detail", overflow="fold")
     for r in plan.results:
         label = labels.get(r.state, str(r.state))

@@ -24,9 +24,11 @@ import shlex
 import shutil
 import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from patchkit.bounded_process import run_to_files, written_text
 from patchkit.errors import PatchkitError
 from patchkit.oci.base import BaseImage
 from patchkit.oci.layer import iter_layer
@@ -209,10 +211,10 @@ def run_inside(root: Path, argv: list[str], *, env: dict[str, str] | None = None
         (root / name).mkdir(exist_ok=True)
     mounts = [f"mount --bind /dev {shlex.quote(str(root / 'dev'))}", f"mount -t proc proc {shlex.quote(str(root / 'proc'))}"]
     script = " && ".join([*mounts, 'exec "$@"'])
-    try:
-        return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
-                               chroot, str(root), *prefix, *argv], capture_output=True, text=True, check=False,
-                              timeout=timeout, env={**base_env, **(env or {})})
-    except subprocess.TimeoutExpired:
-        raise RootfsError(f"{' '.join(argv[:3])} inside {root}", f"ran past {timeout:.0f} s") from None
+    command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", chroot, str(root), *prefix, *argv]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:  # what it started dies with it at the timeout
+        finished = run_to_files(command, timeout=timeout, stdout=out, stderr=err, env={**base_env, **(env or {})})
+        if finished.timed_out:
+            raise RootfsError(f"{' '.join(argv[:3])} inside {root}", f"ran past {timeout:.0f} s")
+        return subprocess.CompletedProcess(command, finished.code, written_text(out), written_text(err))
 

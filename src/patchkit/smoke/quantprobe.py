@@ -8,8 +8,10 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+from patchkit.bounded_process import run_to_files, written_text
 from patchkit.errors import PatchkitError
 from patchkit.smoke.synthetic_layout import PREFIX, Dims, Layout, is_kda
 from patchkit.vllm_rules import EXPERT_PROJECTIONS, QuantConfigRefused, module_prefix
@@ -18,11 +20,16 @@ SRC = Path(__file__).resolve().parents[2]  # the directory holding the patchkit 
 
 
 def run_worker(python: str, args: list[str], pythonpath: list[Path], timeout: int) -> str:
+    """What the worker printed; at `timeout` it is killed with what it started (vLLM's engine processes)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in pythonpath), VLLM_LOGGING_LEVEL="ERROR")
-    proc = subprocess.run([python, "-m", "patchkit.smoke.cpu", *args], capture_output=True, text=True, env=env, timeout=timeout, check=False)
-    if proc.returncode != 0:
-        raise PatchkitError(f"smoke worker {args[0]} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc.stdout
+    argv = [python, "-m", "patchkit.smoke.cpu", *args]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        finished = run_to_files(argv, timeout=timeout, stdout=out, stderr=err, env=env)
+        if finished.timed_out:
+            raise subprocess.TimeoutExpired(argv, timeout)
+        if finished.code != 0:
+            raise PatchkitError(f"smoke worker {args[0]} failed (exit {finished.code}):\n{written_text(err)[-3000:]}")
+        return written_text(out)
 
 
 
@@ -143,8 +150,6 @@ def _algo(qc, method: str, layer: str, prefix: str) -> str:
 def quantprobe(jobs: list[dict], python: str, vllm_root: Path | None = None, timeout: int = 900) -> list[list[dict]]:
     """Quantprobe tables for several checkpoints in one interpreter of the vLLM tree at `vllm_root`
     (None: `python`'s own vLLM). A job: checkpoint, method, speculative, overrides, prefixes."""
-    import tempfile
-
     path = [p for p in (vllm_root, SRC) if p is not None]
     with tempfile.NamedTemporaryFile("w", suffix=".json") as fh:  # too long for a command line
         json.dump(jobs, fh)

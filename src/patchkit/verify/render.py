@@ -68,7 +68,7 @@ def render(matrix: Matrix) -> list:
 
     out: list = []
     table = Table(title=f"patch x vLLM version (pinned {matrix.pinned})", title_justify="left")
-    table.add_column("patch", no_wrap=True)
+    table.add_column("patch", overflow="fold")  # a patch id is copied whole: folded at any width, never cut
     for column in matrix.columns:
         table.add_column(_heading(column), overflow="fold")
     for patch in matrix.patches:
@@ -85,7 +85,7 @@ def render(matrix: Matrix) -> list:
             if diagnostics := cell.diagnostics():
                 out.append(Text("  " + diagnostics.replace("\n", "\n  ")))
     images = Table(title="images: would they build?", title_justify="left")
-    images.add_column("image", no_wrap=True)
+    images.add_column("image", overflow="fold")  # an image name, likewise
     for column in matrix.columns:
         images.add_column(_heading(column), overflow="fold")
     for name in matrix.images:

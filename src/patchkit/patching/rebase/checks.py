@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
+import tempfile
 from pathlib import Path
 
+from patchkit.bounded_process import run_to_files, written_text
 from patchkit.patching import planner
 from patchkit.patching.patchset import Patch, load_patchset
 from patchkit.patching.rebase.model import PatchRebase, Rebase, RebaseRefused, RebaseState, TestRun
@@ -83,12 +84,13 @@ def run_behaviour_tests(patch_ids: list[str], patches_dir: Path, python: Path, t
             continue
         env = {**os.environ, "PATCHKIT_TEST_PATCHES": str(patches_dir), "PATCHKIT_REQUIRE_VLLM": "1"}
         env.pop("PATCHKIT_RESULTS", None)
-        try:
-            proc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", str(test)],
-                                  capture_output=True, text=True, env=env, timeout=timeout, cwd=tests_dir.parent)
-            runs.append(TestRun(patch_id, str(test), proc.returncode, (proc.stdout + proc.stderr)[-2000:]))
-        except subprocess.TimeoutExpired:
-            runs.append(TestRun(patch_id, str(test), 124, f"timed out after {timeout} s"))
+        with tempfile.TemporaryFile() as output:  # pytest's own processes are killed with it at the timeout
+            finished = run_to_files([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", str(test)],
+                                    timeout=timeout, stdout=output, env=env, cwd=tests_dir.parent)
+            if finished.timed_out:
+                runs.append(TestRun(patch_id, str(test), 124, f"timed out after {timeout} s"))
+                continue
+            runs.append(TestRun(patch_id, str(test), finished.code, written_text(output)[-2000:]))
     return runs
 
 

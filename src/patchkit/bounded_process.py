@@ -96,3 +96,24 @@ def written_text(file: IO[bytes]) -> str:
     """What a run wrote to `file` (run_to_files), read back whole as text, undecodable bytes replaced."""
     file.seek(0)
     return file.read().decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class Captured:
+    """How a tool run by `run_captured` ended, what it printed as text (`errors`: its stderr, when kept apart)."""
+
+    code: int
+    timed_out: bool
+    output: str
+    errors: str = ""
+
+
+def run_captured(argv: Sequence[str], *, timeout: float, cwd: Path | str | None = None,
+                 env: Mapping[str, str] | None = None, stderr_apart: bool = False) -> Captured:
+    """`run_to_files` into temporary files, read back whole: for patchkit's own tools (pytest, its smoke
+    worker, the in-image Python), whose every line a failure report may need, where run_bounded keeps a
+    limit's worth. Its process group is killed at `timeout` as run_to_files' is."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        finished = run_to_files(argv, timeout=timeout, stdout=out, stderr=err if stderr_apart else None, cwd=cwd,
+                                env=env)
+        return Captured(finished.code, finished.timed_out, written_text(out), written_text(err) if stderr_apart else "")

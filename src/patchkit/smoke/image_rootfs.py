@@ -24,11 +24,10 @@ import shlex
 import shutil
 import stat
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchkit.bounded_process import run_to_files, written_text
+from patchkit.bounded_process import run_captured
 from patchkit.errors import PatchkitError
 from patchkit.oci.base import BaseImage
 from patchkit.oci.layer import iter_layer
@@ -212,9 +211,9 @@ def run_inside(root: Path, argv: list[str], *, env: dict[str, str] | None = None
     mounts = [f"mount --bind /dev {shlex.quote(str(root / 'dev'))}", f"mount -t proc proc {shlex.quote(str(root / 'proc'))}"]
     script = " && ".join([*mounts, 'exec "$@"'])
     command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", chroot, str(root), *prefix, *argv]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:  # what it started dies with it at the timeout
-        finished = run_to_files(command, timeout=timeout, stdout=out, stderr=err, env={**base_env, **(env or {})})
-        if finished.timed_out:
-            raise RootfsError(f"{' '.join(argv[:3])} inside {root}", f"ran past {timeout:.0f} s")
-        return subprocess.CompletedProcess(command, finished.code, written_text(out), written_text(err))
+    # what it started dies with it at the timeout (its process group)
+    finished = run_captured(command, timeout=timeout, env={**base_env, **(env or {})}, stderr_apart=True)
+    if finished.timed_out:
+        raise RootfsError(f"{' '.join(argv[:3])} inside {root}", f"ran past {timeout:.0f} s")
+    return subprocess.CompletedProcess(command, finished.code, finished.output, finished.errors)
 

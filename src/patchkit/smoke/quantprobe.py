@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from patchkit.bounded_process import run_to_files, written_text
+from patchkit.bounded_process import run_captured
 from patchkit.errors import PatchkitError
 from patchkit.smoke.synthetic_layout import PREFIX, Dims, Layout, is_kda
 from patchkit.vllm_rules import EXPERT_PROJECTIONS, QuantConfigRefused, module_prefix
@@ -23,13 +23,12 @@ def run_worker(python: str, args: list[str], pythonpath: list[Path], timeout: in
     """What the worker printed; at `timeout` it is killed with what it started (vLLM's engine processes)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in pythonpath), VLLM_LOGGING_LEVEL="ERROR")
     argv = [python, "-m", "patchkit.smoke.cpu", *args]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        finished = run_to_files(argv, timeout=timeout, stdout=out, stderr=err, env=env)
-        if finished.timed_out:
-            raise subprocess.TimeoutExpired(argv, timeout)
-        if finished.code != 0:
-            raise PatchkitError(f"smoke worker {args[0]} failed (exit {finished.code}):\n{written_text(err)[-3000:]}")
-        return written_text(out)
+    finished = run_captured(argv, timeout=timeout, env=env, stderr_apart=True)
+    if finished.timed_out:
+        raise subprocess.TimeoutExpired(argv, timeout)
+    if finished.code != 0:
+        raise PatchkitError(f"smoke worker {args[0]} failed (exit {finished.code}):\n{finished.errors[-3000:]}")
+    return finished.output
 
 
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
-from patchkit.bounded_process import run_to_files, written_text
+from patchkit.bounded_process import run_captured
 from patchkit.patching import planner
 from patchkit.patching.patchset import Patch, load_patchset
 from patchkit.patching.rebase.model import PatchRebase, Rebase, RebaseRefused, RebaseState, TestRun
@@ -84,13 +83,13 @@ def run_behaviour_tests(patch_ids: list[str], patches_dir: Path, python: Path, t
             continue
         env = {**os.environ, "PATCHKIT_TEST_PATCHES": str(patches_dir), "PATCHKIT_REQUIRE_VLLM": "1"}
         env.pop("PATCHKIT_RESULTS", None)
-        with tempfile.TemporaryFile() as output:  # pytest's own processes are killed with it at the timeout
-            finished = run_to_files([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", str(test)],
-                                    timeout=timeout, stdout=output, env=env, cwd=tests_dir.parent)
-            if finished.timed_out:
-                runs.append(TestRun(patch_id, str(test), 124, f"timed out after {timeout} s"))
-                continue
-            runs.append(TestRun(patch_id, str(test), finished.code, written_text(output)[-2000:]))
+        # pytest's own processes are killed with it at the timeout (its process group)
+        finished = run_captured([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", str(test)],
+                                timeout=timeout, env=env, cwd=tests_dir.parent)
+        if finished.timed_out:
+            runs.append(TestRun(patch_id, str(test), 124, f"timed out after {timeout} s"))
+            continue
+        runs.append(TestRun(patch_id, str(test), finished.code, finished.output[-2000:]))
     return runs
 
 

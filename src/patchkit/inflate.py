@@ -7,6 +7,7 @@ INFLATE_ERRORS, so what counts as "not gzip" is said once, below every reader of
 
 from __future__ import annotations
 
+import io
 import zlib
 from typing import BinaryIO
 
@@ -24,6 +25,6 @@ except ImportError:  # pragma: no cover - depends on the platform
 INFLATE_ERRORS = (OSError, EOFError, zlib.error, _inflate_error)
 
 
-def open_gzip(file: BinaryIO):
-    """The inflated stream of an open gzip file (or path)."""
+def open_gzip(file: BinaryIO | io.RawIOBase):
+    """The inflated stream of an open gzip file, or of a raw stream (the layer reader's)."""
     return _gzip.open(file, "rb")

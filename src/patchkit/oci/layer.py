@@ -20,10 +20,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from isal import igzip
-
 from patchkit.errors import PatchkitError
-from patchkit.inflate import INFLATE_ERRORS
+from patchkit.inflate import INFLATE_ERRORS, open_gzip
 from patchkit.oci.media import OCI_LAYER_GZIP
 from patchkit.untrusted import Readable
 
@@ -228,10 +226,10 @@ def iter_layer(stream: Readable, what: str) -> Iterator[tuple[Member, tarfile.Ta
     """
     head = stream.read(2)
     rest = _Prefixed(head, stream)
-    # ISA-L's inflate (isal, ~2.5x zlib: a vLLM layer is gigabytes). Like gzip.GzipFile it checks the
-    # CRC and length at the end of the stream (tarfile's own "r|gz" does not,
+    # patchkit.inflate's (ISA-L's, ~2.5x zlib: a vLLM layer is gigabytes). Like gzip.GzipFile it checks
+    # the CRC and length at the end of the stream (tarfile's own "r|gz" does not,
     # and takes a truncated archive for a short one), so the stream is drained to its end below.
-    inner = igzip.IGzipFile(fileobj=rest, mode="rb") if head == b"\x1f\x8b" else rest
+    inner = open_gzip(rest) if head == b"\x1f\x8b" else rest
     try:
         with tarfile.open(fileobj=inner, mode="r|", tarinfo=_BoundedTarInfo) as tar:
             for info in tar:

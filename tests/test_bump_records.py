@@ -41,12 +41,12 @@ from patchkit.patching.rebase import (
 )
 from patchkit.patching.record import RecordedEdit
 from patchkit.sources.directory import DirectorySource
-from patchkit.upstream import bump_records
-from patchkit.upstream.bump_records import SCHEMAS, load_run
+from patchkit.upstream import bump, bump_records
+from patchkit.upstream.bump_records import SCHEMAS, BumpRun, load_run
 from patchkit.upstream.retire import Evidence as Found
 from patchkit.upstream.retire import Kind, Retirement, RetireRecord, Verdict
 from patchkit.upstream.run_record import RunRecord
-from patchkit.upstream.upstream_state import TrackedState, UpstreamRecord
+from patchkit.upstream.upstream_state import CloseReason, TrackedState, UpstreamRecord, UpstreamState
 from patchkit.verify.matrix_record import MatrixRecord
 from record_fields import declared_but_absent
 
@@ -123,11 +123,33 @@ def test_the_census_record_is_the_type_the_body_reads():
 
 
 def test_the_tracked_state_record_is_the_type_the_body_reads(real_patches):
+    """What `patchkit upstream --json` writes reads back as the same state, with the same words in the bump
+    body as in the command's table: a state, a GitHub reason, and a reason GitHub added since (kept as text)."""
     patch = next(p for p in real_patches.values() if p.tracked)
-    state = TrackedState(patch.id, patch.tracked[0], "merged", "a title", "https://example.invalid/1", None, None,
-                         "0.34.0", "milestone", "hand-written")
-    run = strict(UpstreamRecord, {"tracked": [state.to_dict()]})
+
+    def tracked(state: UpstreamState, reason: CloseReason | str | None, released: str | None = None) -> TrackedState:
+        return TrackedState(patch.id, patch.tracked[0], state, reason, "a title", "https://example.invalid/1", None,
+                            None, released, "milestone" if released else "", "hand-written")
+
+    states = [tracked(UpstreamState.MERGED, None, "0.34.0"), tracked(UpstreamState.CLOSED, CloseReason.NOT_PLANNED),
+              tracked(UpstreamState.CLOSED, "spam_filtered"), tracked(UpstreamState.OPEN, CloseReason.REOPENED)]
+    run = strict(UpstreamRecord, UpstreamRecord.of(states).to_dict())
     assert run.tracked[0].released_in == "0.34.0"
+    assert [(t.state, t.close_reason) for t in run.tracked] == [(s.state, s.reason) for s in states]
+    assert all(isinstance(t.state, UpstreamState) for t in run.tracked)  # the producer's enum itself
+    words = [t.words for t in run.tracked]
+    assert words == [s.words for s in states] == ["merged", "closed (not planned)", "closed (spam filtered)", "open"]
+    text = bump.body(BumpRun("0.34.0", upstream=run))
+    assert all(f"| {w} |" in text for w in words), text
+
+
+def test_a_tracked_state_the_producer_does_not_have_is_refused(real_patches):
+    patch = next(p for p in real_patches.values() if p.tracked)
+    record = UpstreamRecord.of([TrackedState(patch.id, patch.tracked[0], UpstreamState.CLOSED, CloseReason.COMPLETED,
+                                             "t", "u", None, None, None, "", "s")]).to_dict()
+    record["tracked"][0]["state"] = "closed (completed)"  # the words, as a record before the reason was apart
+    with pytest.raises(MalformedJson, match="closed \\(completed\\)"):
+        decode(json.dumps(record).encode(), UpstreamRecord, "r")
 
 
 def test_the_planners_account_is_one_type_for_check_the_matrix_and_the_body(tmp_path):

@@ -15,14 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from builders import patch_toml
 from hostile import assert_refused, run_patchkit
 from patchkit.jsondata import decode
 from patchkit.patching import planner
-from patchkit.patching.patchset import Action, Edit, InvalidPatchFile, load_patchset
+from patchkit.patching.patchset import Action, Edit, InvalidPatchFile, load_patch, load_patchset
 from patchkit.patching.record import (
+    NOT_READ_BACK,
+    READ_BACK,
     RecordedEdit,
     RecordingRecord,
     Unrecordable,
+    edit_block,
     record,
     split_edits,
     write_recording,
@@ -187,3 +191,27 @@ def test_a_recorded_edit_has_an_edits_fields_with_an_edits_types():
     assert set(recorded) - set(edit) == {"text_file"}  # where a long text is written
     differ = {name for name in set(edit) & set(recorded) if edit[name] != recorded[name]}
     assert differ == {"versions"}  # the range as written, not as SpecifierSet prints it
+
+
+def test_read_back_compares_every_field_the_two_share():
+    """RecordedEdit.reads_back_as (the rebase's read-back) names every field of either model: a field added
+    to Edit or RecordedEdit and not compared fails here."""
+    edit, recorded = set(typing.get_type_hints(Edit)), set(typing.get_type_hints(RecordedEdit))
+    assert set(READ_BACK) == edit & recorded and set(NOT_READ_BACK) == edit ^ recorded
+    assert [name for c in CHANGED for name in c] == list(READ_BACK)  # and each is tested below
+
+
+CHANGED = [{"package": "flashinfer"}, {"action": Action.INSERT_BEFORE}, {"anchor": "x = 2\n"}, {"text": "y = 3\n"},
+           {"count": 2}, {"candidates": ("models/other.py",)}, {"versions": ">=0.34"}]  # READ_BACK's order
+
+
+@pytest.mark.parametrize("changed", CHANGED)
+def test_a_written_edit_reads_back_as_itself_and_not_as_another(tmp_path, changed):
+    written = RecordedEdit("vllm", ("models/a.py", "models/b.py"), Action.INSERT_AFTER, "x = 1\n", "y = 2\n",
+                           versions="<0.34,>=0.31")
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "patch.toml").write_text(patch_toml("p", []) + "\n" + edit_block(written))
+    [loaded] = load_patch(tmp_path / "p" / "patch.toml").edits
+    assert written.reads_back_as(loaded)
+    assert dataclasses.replace(written, candidates=("models/b.py",), versions=None).reads_back_as(loaded)  # a subset; unset
+    assert not dataclasses.replace(written, **changed).reads_back_as(loaded)

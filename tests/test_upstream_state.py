@@ -19,6 +19,7 @@ import pytest
 
 from patchkit.patching.patchset import load_patchset
 from patchkit.upstream.upstream_state import (
+    CloseReason,
     GhAnswers,
     GitHubCliFailed,
     GitHubCliMissing,
@@ -27,6 +28,7 @@ from patchkit.upstream.upstream_state import (
     RecordedAnswers,
     TrackedItemMismatch,
     TrackedKindMismatch,
+    UpstreamState,
     api_path,
     tracked_states,
 )
@@ -60,15 +62,11 @@ def test_every_tracked_entry_has_a_recorded_answer_and_nothing_else_is_recorded(
 def test_states_as_the_answers_give_them():
     states = {(s.patch_id, s.tracked.number): s
               for s in tracked_states(load_patchset(REPO / "patches").series(), RecordedAnswers(ANSWERS))}
+    merged, closed = {("persistent-topk-cc12", 54110)}, {("pool-topk-init", 55201)}
     assert {k: s.state for k, s in states.items()} == {
-        ("nope-mla-pad", 53969): "open", ("nope-mla-pad", 55277): "open", ("nope-mla-pad", 55778): "open",
-        ("nope-mla-pad", 55773): "open", ("nope-mla-pad", 53963): "open",
-        ("persistent-topk-cc12", 54110): "merged", ("pool-topk-init", 55201): "closed",
-        ("glm53-always-think", 56994): "open", ("glm53-always-think", 54744): "open",
-        ("glm53-always-think", 54276): "open",
-        ("glm53-skipped-thinking", 37645): "open", ("glm53-skipped-thinking", 37644): "open",
-        ("glm47-tool-args-think-end", 7856): "open",
-    }
+        k: UpstreamState.MERGED if k in merged else UpstreamState.CLOSED if k in closed else UpstreamState.OPEN
+        for k in states}
+    assert len(states) == 13 and all(s.reason is None for s in states.values())  # no answer gives a state_reason
     merged = states[("persistent-topk-cc12", 54110)]
     # the API names no release; the patch's own record (merged-in-0.30.0 for this very PR) does
     assert (merged.released_in, merged.released_from) == ("0.30.0", "patch.toml")
@@ -98,6 +96,33 @@ def test_a_milestone_naming_a_release_is_where_a_merge_shipped(tmp_path):
     [entry] = json.loads(out.stdout)["tracked"]
     assert (entry["state"], entry["released_in"], entry["released_from"], entry["closed_at"]) == (
         "merged", "0.34.0", "milestone", "2026-09-20T10:00:00Z")
+
+
+ISSUE = "repos/vllm-project/vllm/issues/54744.json"  # glm53-always-think's tracked issue
+
+
+@pytest.mark.parametrize("reason, member, words", [
+    ("completed", CloseReason.COMPLETED, "closed (completed)"),
+    ("not_planned", CloseReason.NOT_PLANNED, "closed (not planned)"),
+    ("duplicate", CloseReason.DUPLICATE, "closed (duplicate)"),
+    ("spam_filtered", "spam_filtered", "closed (spam filtered)"),  # a reason GitHub added since: kept as its text
+    (None, None, "closed"),
+])
+def test_a_closed_issue_says_why_and_only_a_completed_one_shipped(tmp_path, reason, member, words):
+    answers = copy_answers(tmp_path)
+    answer = json.loads((answers / ISSUE).read_text()) | {
+        "state": "closed", "state_reason": reason, "closed_at": "2026-09-20T10:00:00Z", "milestone": {"title": "v0.35.0"}}
+    (answers / ISSUE).write_text(json.dumps(answer))
+    patch = load_patchset(REPO / "patches").patch("glm53-always-think")
+    [state] = [s for s in tracked_states([patch], RecordedAnswers(answers)) if s.tracked.number == 54744]
+    assert (state.state, state.reason, state.words) == (UpstreamState.CLOSED, member, words)
+    assert type(state.reason) is (CloseReason if isinstance(member, CloseReason) else type(member))
+    assert state.released_in == ("0.35.0" if member == CloseReason.COMPLETED else None)
+    out = patchkit("upstream", "--answers", answers, "--patch", "glm53-always-think", "--json")
+    entry = next(e for e in json.loads(out.stdout)["tracked"] if e["number"] == 54744)
+    assert (entry["state"], entry["reason"], entry["released_in"]) == ("closed", reason, state.released_in)
+    shown = patchkit("upstream", "--answers", answers, "--patch", "glm53-always-think", env={"COLUMNS": "250"})
+    assert shown.returncode == 0 and f" {words} " in shown.stdout, shown.stdout
 
 
 @pytest.mark.parametrize("answer, expected", [

@@ -150,7 +150,7 @@ def upstream(write, answers, record_to, gh, patch_ids, patches_dir, as_json):
         table.add_column(col, overflow="fold")  # a patch id or repo#number is copied whole
     for s in states:  # what each would fix: patch.toml, UPSTREAM.md, --json
         released = f"{s.released_in} ({s.released_from})" if s.released_in else "-"
-        table.add_row(s.patch_id, f"{s.tracked.repo}#{s.tracked.number} {s.tracked.kind}", s.title, s.state, released)
+        table.add_row(s.patch_id, f"{s.tracked.repo}#{s.tracked.number} {s.tracked.kind}", s.title, s.words, released)
     console.print(table)
     untracked = [p.id for p in patches if not p.tracked]
     if untracked:

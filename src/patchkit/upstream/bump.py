@@ -271,7 +271,7 @@ def _upstream_section(run: BumpRun) -> list[str]:
     lines = []
     if run.upstream is not None:
         lines += ["## Tracked upstream changes", "", "| patch | tracked | state | released in |", "|---|---|---|---|"]
-        lines += [f"| `{t.patch}` | [{_md(t.repo)}#{t.number}]({_md(t.url)}) {_md(t.title)} | {_md(t.state)} | "
+        lines += [f"| `{t.patch}` | [{_md(t.repo)}#{t.number}]({_md(t.url)}) {_md(t.title)} | {_md(t.words)} | "
                   f"{_md(t.released_in or '-')} |" for t in run.upstream.tracked]
         lines.append("")
     elif run.problem("upstream"):

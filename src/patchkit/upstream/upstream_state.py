@@ -1,5 +1,6 @@
 """The state of each patch's tracked upstream pull requests and issues (`[[upstream.tracked]]`), read from
-GitHub's REST API answers: open, closed, merged, and the release a merge shipped in where that is known.
+GitHub's REST API answers: open, closed (and why, for an issue), merged, and the release a merge shipped in
+where that is known.
 
 The answers come from `gh api repos/OWNER/NAME/pulls/N` (or `.../issues/N`), run here with the caller's
 token (the daily workflow's), or from a folder of recorded answers laid out as the API paths
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -93,6 +95,40 @@ class TrackedItemMismatch(PatchkitError):
         self.kind, self.expected_url, self.patch_toml = kind, expected_url, patch_toml
 
 
+class UpstreamState(StrEnum):
+    """A tracked pull request's or issue's state: GitHub's open or closed, a merged pull request its own."""
+
+    OPEN = "open"
+    MERGED = "merged"
+    CLOSED = "closed"
+
+
+class CloseReason(StrEnum):
+    """GitHub's `state_reason` of an issue: why it closed, or that it was reopened."""
+
+    COMPLETED = "completed"
+    NOT_PLANNED = "not_planned"
+    REOPENED = "reopened"
+    DUPLICATE = "duplicate"
+
+
+def close_reason(text: str | None) -> CloseReason | str | None:
+    """GitHub's `state_reason` as its member; a reason GitHub added since is kept as its text, not refused."""
+    if not text:
+        return None
+    try:
+        return CloseReason(text)
+    except ValueError:
+        return text
+
+
+def state_words(state: UpstreamState, reason: CloseReason | str | None) -> str:
+    """The state as the table, the bump body and people read it: "open", "merged", "closed (not planned)"."""
+    if state == UpstreamState.CLOSED and reason:
+        return f"closed ({reason.replace('_', ' ')})"
+    return str(state)
+
+
 class Milestone(msgspec.Struct):
     title: str
 
@@ -120,7 +156,7 @@ class IssueAnswer(msgspec.Struct):
     html_url: str
     closed_at: str | None
     updated_at: str | None = None
-    state_reason: str | None = None  # completed | not_planned | reopened | duplicate, or null
+    state_reason: str | None = None  # CloseReason's values, one GitHub added since, or null: close_reason
     milestone: Milestone | None = None
     pull_request: dict | None = None  # present when the "issue" is a pull request
 
@@ -177,7 +213,8 @@ class TrackedState:
 
     patch_id: str
     tracked: TrackedTable
-    state: str  # open | merged | closed | closed (completed) | closed (not planned) | ...
+    state: UpstreamState
+    reason: CloseReason | str | None  # an issue's state_reason (close_reason); None for a pull request
     title: str
     url: str
     updated_at: str | None
@@ -186,12 +223,16 @@ class TrackedState:
     released_from: str  # how that is known: "milestone" | "patch.toml" | ""
     source: str  # the answer's file or command
 
+    @property
+    def words(self) -> str:
+        return state_words(self.state, self.reason)
+
     def record(self) -> TrackedRecord:
         t = self.tracked
         return TrackedRecord(patch=self.patch_id, repo=t.repo, number=t.number, kind=t.kind, fixes=t.fixes,
-                             state=self.state, title=self.title, url=self.url, updated_at=self.updated_at,
-                             closed_at=self.closed_at, released_in=self.released_in, released_from=self.released_from,
-                             source=self.source)
+                             state=self.state, reason=None if self.reason is None else str(self.reason),
+                             title=self.title, url=self.url, updated_at=self.updated_at, closed_at=self.closed_at,
+                             released_in=self.released_in, released_from=self.released_from, source=self.source)
 
     def to_dict(self) -> dict:
         return msgspec.to_builtins(self.record())
@@ -205,7 +246,8 @@ class TrackedRecord(msgspec.Struct, kw_only=True):
     number: int
     kind: Literal["pr", "issue"]  # TrackedTable.kind
     fixes: str
-    state: str  # TrackedState.state: open | merged | closed (<reason>)
+    state: UpstreamState
+    reason: str | None  # GitHub's state_reason as answered: a CloseReason's value, or one GitHub added since
     title: str
     url: str
     updated_at: str | None
@@ -213,6 +255,14 @@ class TrackedRecord(msgspec.Struct, kw_only=True):
     released_in: str | None
     released_from: str
     source: str
+
+    @property
+    def close_reason(self) -> CloseReason | str | None:
+        return close_reason(self.reason)
+
+    @property
+    def words(self) -> str:
+        return state_words(self.state, self.close_reason)
 
 
 class UpstreamRecord(msgspec.Struct, kw_only=True):
@@ -242,18 +292,13 @@ def read_state(patch: Patch, tracked: TrackedTable, answers: Answers) -> Tracked
             raise TrackedKindMismatch(patch.folder / "patch.toml", tracked.repo, tracked.number, answer.html_url)
         raise TrackedItemMismatch(source, answer.number, answer.html_url, tracked.kind, expected,
                                   patch.folder / "patch.toml")
-    state: str  # open | merged | closed | closed (<reason>): TrackedState.state
-    if isinstance(answer, PullAnswer):
-        state = "merged" if answer.merged else answer.state
-        closed = answer.merged_at if answer.merged else answer.closed_at
-    else:
-        reason = (answer.state_reason or "").replace("_", " ")
-        state = f"closed ({reason})" if answer.state == "closed" and reason else answer.state
-        closed = answer.closed_at
+    state = UpstreamState.MERGED if isinstance(answer, PullAnswer) and answer.merged else UpstreamState(answer.state)
+    reason = close_reason(answer.state_reason) if isinstance(answer, IssueAnswer) else None
+    closed = answer.merged_at if isinstance(answer, PullAnswer) and answer.merged else answer.closed_at
     released, released_from = None, ""
-    if state == "merged" or state == "closed (completed)":
+    if state == UpstreamState.MERGED or (state == UpstreamState.CLOSED and reason == CloseReason.COMPLETED):
         released, released_from = _release_of(patch, tracked, answer.milestone)
-    return TrackedState(patch.id, tracked, state, answer.title, answer.html_url, answer.updated_at, closed,
+    return TrackedState(patch.id, tracked, state, reason, answer.title, answer.html_url, answer.updated_at, closed,
                         released, released_from, source)
 
 

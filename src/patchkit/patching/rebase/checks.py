@@ -53,11 +53,9 @@ def check(rebase_result: Rebase, patches_dir: Path, new: Source, dest: Path) -> 
 
 
 def same_intent(result: PatchRebase, loaded: Patch) -> None:
-    """The rendered patch reads back as the proposals say: every proposed edit present, counts unchanged."""
+    """The rendered patch reads back as the proposals say: each proposed edit is one of the loaded edits."""
     for p in result.proposals:
-        hits = [e for e in loaded.edits if e.anchor == p.new.anchor and e.text == p.new.text and e.count == p.new.count
-                and set(p.new.candidates) <= set(e.candidates) and e.action == p.new.action]
-        if not hits:
+        if not any(p.new.reads_back_as(e) for e in loaded.edits):
             raise RebaseRefused(result.patch.id, "read-back", f"the rendered patch.toml does not read back as the "
                                 f"proposal for edit {p.edit.index}; nothing written (a patchkit bug: please report it)")
 

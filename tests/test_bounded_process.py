@@ -125,16 +125,29 @@ def test_rebase_behaviour_tests_are_killed_whole_at_the_timeout(tmp_path, pids):
 
 def test_the_quantprobe_worker_is_killed_whole_at_the_timeout(tmp_path, pids):
     """The worker's interpreter is whatever the caller names: here a stand-in that starts a sleeper."""
-    from patchkit.smoke.quantprobe import run_worker
+    from patchkit.smoke.quantprobe import WorkerFailed, run_worker
 
     python = tmp_path / "python"
     python.write_text(f"#!{sys.executable}\n{PARENT_OF_A_SLEEPER}")
     python.chmod(0o755)
-    with pytest.raises(subprocess.TimeoutExpired) as expired:
+    with pytest.raises(WorkerFailed) as failed:
         run_worker(str(python), ["probe", "jobs.json"], [tmp_path], 3)
-    assert str(expired.value) == (f"Command '{[str(python), '-m', 'patchkit.smoke.cpu', 'probe', 'jobs.json']}' "
-                                  "timed out after 3 seconds")
+    assert (failed.value.worker, failed.value.code, failed.value.timeout) == ("probe", None, 3)
+    assert str(failed.value).startswith(f"smoke worker probe ({python}) did not finish within 3 s")
     assert_gone(_pids(pids))
+
+
+def test_a_quantprobe_worker_that_fails_is_reported_with_its_exit_and_its_stderrs_end(tmp_path):
+    from patchkit.smoke.quantprobe import ERRORS_SHOWN, WorkerFailed, run_worker
+
+    python = tmp_path / "python"
+    python.write_text(f"#!{sys.executable}\nimport sys\nsys.stderr.write('x' * 5000 + 'ValueError: the end')\nsys.exit(3)\n")
+    python.chmod(0o755)
+    with pytest.raises(WorkerFailed) as failed:
+        run_worker(str(python), ["pack", "dir", "lab"], [tmp_path], 30)
+    assert (failed.value.worker, failed.value.code) == ("pack", 3)
+    assert failed.value.errors.endswith("ValueError: the end") and len(failed.value.errors) == ERRORS_SHOWN
+    assert str(failed.value).startswith(f"smoke worker pack ({python}) failed (exit 3):\n")
 
 
 def test_a_command_inside_an_image_root_is_killed_whole_at_the_timeout(tmp_path):

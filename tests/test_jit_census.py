@@ -53,6 +53,19 @@ def test_ptxas_report_of_both_targets_on_recorded_flashinfer_output():
     assert [(e.registers, e.spill_stores + e.spill_loads) for e in swapab] == [(168, 440), (168, 440)]
 
 
+def test_recorded_kernel_names_are_shown_demangled_by_binutils_and_as_printed_without_it(monkeypatch):
+    """c++filt (binutils, which nvcc's host compiler brings) names each recorded kernel as a person searches
+    for it; a name that is not mangled, or a machine without c++filt, keeps the name as ptxas printed it."""
+    names = [e.kernel for e in ptxas.parse((DATA / "vllm-0.33.0-topk-sm120f.txt").read_text(), "recorded")]
+    assert shutil.which("c++filt"), "binutils' c++filt: the README's setup installs it with nvcc's host compiler"
+    shown = jit_census.demangle(names + ["-v", "plain"])
+    assert shown["_ZN4vllm10persistent22persistent_topk_kernelILi512ELj4EEEvNS0_20PersistentTopKParamsE"] == \
+        "vllm::persistent::persistent_topk_kernel<512, 4u>"
+    assert (shown["-v"], shown["plain"]) == ("-v", "plain")  # passed as they are, never as an option
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert jit_census.demangle(names) == {n: n for n in names}
+
+
 def test_an_entry_without_its_usage_line_is_refused():
     text = "ptxas info    : Compiling entry function '_Z1kv' for 'sm_121a'\nptxas info    : Compile time = 1 ms\n"
     with pytest.raises(ptxas.PtxasOutputError) as info:

@@ -25,7 +25,6 @@ import json
 import math
 import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -401,12 +400,17 @@ def _refused(row: Row, kernel: Kernel, need: int, where: str, sources: dict[str,
 def demangle(names: list[str]) -> dict[str, str]:
     """Shown names: c++filt's (binutils, which nvcc's host compiler brings) without the parameter list."""
     filt = shutil.which("c++filt")
-    out = names
-    if filt and names:
-        result = subprocess.run([filt], input="\n".join(names), capture_output=True, text=True, timeout=60)
-        if result.returncode == 0 and len(result.stdout.splitlines()) == len(names):
-            out = result.stdout.splitlines()
-    return {name: _short(shown) for name, shown in zip(names, out, strict=True)}
+    mangled = [n for n in names if n.startswith("_Z")]  # given as arguments: never a name read as an option
+    shown = dict(zip(names, names, strict=True))
+    if filt and mangled:
+        try:  # bounded like every host tool; where it fails, the names are shown as ptxas printed them
+            finished = run_bounded([filt, *mangled], timeout=60, kind="tool-output", what="c++filt's names")
+        except (OSError, PatchkitError):
+            finished = None
+        out = finished.output.decode("utf-8", "replace").splitlines() if finished else []
+        if finished and finished.code == 0 and not finished.timed_out and len(out) == len(mangled):
+            shown |= dict(zip(mangled, out, strict=True))
+    return {name: _short(shown[name]) for name in names}
 
 
 def _short(name: str) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -17,17 +16,39 @@ from patchkit.smoke.synthetic_layout import PREFIX, Dims, Layout, is_kda
 from patchkit.vllm_rules import EXPERT_PROJECTIONS, QuantConfigRefused, module_prefix
 
 SRC = Path(__file__).resolve().parents[2]  # the directory holding the patchkit package
+ERRORS_SHOWN = 3000  # of the worker's stderr, the last characters: its traceback's end, where vLLM says why
+
+
+class WorkerFailed(PatchkitError):
+    """The smoke worker `worker` ("pack": ModelOpt packs the tiny checkpoints, "probe": vLLM resolves them)
+    run by `python` did not answer: it exited with `code`, or was killed at `timeout` seconds with what it
+    started (`code` None); `errors` is the end of its stderr."""
+
+    def __init__(self, worker: str, python: str, code: int | None, timeout: float, errors: str):
+        self.worker, self.python, self.code, self.timeout, self.errors = worker, python, code, timeout, errors
+        if code is None:
+            super().__init__(f"smoke worker {worker} ({python}) did not finish within {timeout:g} s; it was killed "
+                             f"with the processes it started\n{errors}".rstrip())
+        else:
+            super().__init__(f"smoke worker {worker} ({python}) failed (exit {code}):\n{errors}")
+
+
+class ResolvedOtherMethod(PatchkitError):
+    """The vLLM tree under test resolves `checkpoint` to quantization method `chosen`, not the variant's
+    `method` (its override_quantization_method): the probe would judge another method's layers."""
+
+    def __init__(self, checkpoint: str, chosen: str, method: str):
+        self.checkpoint, self.chosen, self.method = checkpoint, chosen, method
+        super().__init__(f"vLLM resolves {checkpoint} to {chosen!r}, not {method!r}")
 
 
 def run_worker(python: str, args: list[str], pythonpath: list[Path], timeout: int) -> str:
     """What the worker printed; at `timeout` it is killed with what it started (vLLM's engine processes)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(p) for p in pythonpath), VLLM_LOGGING_LEVEL="ERROR")
-    argv = [python, "-m", "patchkit.smoke.cpu", *args]
-    finished = run_captured(argv, timeout=timeout, env=env, stderr_apart=True)
-    if finished.timed_out:
-        raise subprocess.TimeoutExpired(argv, timeout)
-    if finished.code != 0:
-        raise PatchkitError(f"smoke worker {args[0]} failed (exit {finished.code}):\n{finished.errors[-3000:]}")
+    finished = run_captured([python, "-m", "patchkit.smoke.cpu", *args], timeout=timeout, env=env, stderr_apart=True)
+    if finished.timed_out or finished.code != 0:
+        raise WorkerFailed(args[0], python, None if finished.timed_out else finished.code, timeout,
+                           finished.errors[-ERRORS_SHOWN:])
     return finished.output
 
 
@@ -95,7 +116,7 @@ def probe(jobs: list[dict]) -> list[list[dict]]:
         cls = get_quantization_config(method)
         chosen = cls.override_quantization_method(quant, method) or quant["quant_method"]
         if chosen != method:
-            raise PatchkitError(f"vLLM resolves {job['checkpoint']} to {chosen!r}, not {method!r}")
+            raise ResolvedOtherMethod(job["checkpoint"], chosen, method)
         qc = cls.from_config(quant)
         classes = (Glm5NextForConditionalGeneration, Glm5NextForCausalLM) + ((Glm5NextMTP,) if job["speculative"] else ())
         for model_class in classes:
@@ -157,5 +178,5 @@ def quantprobe(jobs: list[dict], python: str, vllm_root: Path | None = None, tim
     tables = json.loads(out.strip().splitlines()[-1])
     if not isinstance(tables, list) or len(tables) != len(jobs):  # each checkpoint's table, in order
         raise PatchkitError(f"the quantprobe worker answered {len(tables) if isinstance(tables, list) else 'no list of'} "
-                            f"tables for {len(jobs)} checkpoints")
+                            f"tables for {len(jobs)} checkpoints (a patchkit bug: please report it)")
     return tables

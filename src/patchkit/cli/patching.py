@@ -27,7 +27,7 @@ from patchkit.cli.common import (
 )
 from patchkit.errors import PatchkitError
 from patchkit.patching import planner, report
-from patchkit.patching.plan_record import plan_record
+from patchkit.patching.plan_record import check_record, plan_record, status_record
 
 
 @click.command("list")
@@ -99,8 +99,7 @@ def check(sources, patches_dir, series, assumed, as_json):
     _report_companion(companion)
     refuse_if_out_of_every_range(plan)
     labels = {planner.State.NOT_APPLIED: "applies"}
-    emit(as_json, plan_record(plan).to_dict() | {"companion": companion.to_dict() if companion else None},
-         report.plan_table(plan, labels=labels))
+    emit(as_json, check_record(plan, companion).to_dict(), report.plan_table(plan, labels=labels))
     sys.exit(0 if plan.ok else 1)
 
 
@@ -192,8 +191,7 @@ def status(target, patches_dir, series, assumed, as_json, wait):
     from patchkit.wheels.manifest import installed_report  # a site-packages with a patched wheel names its patches
 
     wheels, lines = installed_report(target, patchset.patches)
-    emit(as_json, plan_record(plan).to_dict() | {"changes": []} | ({"wheels": wheels} if wheels else {}),
-         report.plan_table(plan))
+    emit(as_json, status_record(plan, wheels).to_dict(), report.plan_table(plan))
     for line in [] if as_json else lines:
         console.print(line, markup=False, highlight=False)
     sys.exit(0 if plan.ok else 1)

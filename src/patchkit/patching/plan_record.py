@@ -11,11 +11,13 @@ neither knows is refused when a record is read back.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import msgspec
 
 from patchkit.patching.patchset import Action
 from patchkit.patching.planner import EditResult, EditState, FileChange, Mode, PatchResult, Plan, State
+from patchkit.sources.companion import Companion, CompanionRecord
 
 
 class NearestRecord(msgspec.Struct, kw_only=True):
@@ -64,6 +66,19 @@ class PlanRecord(msgspec.Struct, kw_only=True):
         return msgspec.to_builtins(self)
 
 
+class CheckRecord(PlanRecord, kw_only=True):
+    """`patchkit check --json`: the plan, and the companion checked beside the release (None: none)."""
+
+    companion: CompanionRecord | None
+
+
+class StatusRecord(PlanRecord, kw_only=True, omit_defaults=True):
+    """`patchkit status --json`: the tree's state (no changes: status writes none), and the patched wheels
+    installed there, each `{"record": path}` with its wheels.manifest.WheelManifest (absent: none)."""
+
+    wheels: list[dict[str, Any]] | None = None
+
+
 def _edit_record(e: EditResult) -> EditResultRecord:
     nearest = None if e.nearest is None else NearestRecord(line=e.nearest.line, similarity=round(e.nearest.similarity, 4),
                                                            diff=e.nearest.diff)
@@ -83,6 +98,18 @@ def _change_record(c: FileChange) -> ChangeRecord:
 
 
 def plan_record(plan: Plan) -> PlanRecord:
-    return PlanRecord(mode=plan.mode, source=plan.source, versions=dict(plan.versions), ok=plan.ok,
-                      patches=[patch_result_record(r) for r in plan.results],
-                      changes=[_change_record(c) for c in plan.changes])
+    return PlanRecord(**_plan_fields(plan))
+
+
+def check_record(plan: Plan, companion: Companion | None) -> CheckRecord:
+    return CheckRecord(**_plan_fields(plan), companion=None if companion is None else companion.record())
+
+
+def status_record(plan: Plan, wheels: list[dict[str, Any]]) -> StatusRecord:
+    return StatusRecord(**_plan_fields(plan) | {"changes": []}, wheels=wheels or None)
+
+
+def _plan_fields(plan: Plan) -> dict[str, Any]:
+    return {"mode": plan.mode, "source": plan.source, "versions": dict(plan.versions), "ok": plan.ok,
+            "patches": [patch_result_record(r) for r in plan.results],
+            "changes": [_change_record(c) for c in plan.changes]}

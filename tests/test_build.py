@@ -33,9 +33,11 @@ from bases import CU130
 from bases import version_py as scm_version_py
 from patchkit.engine import NoEngine
 from patchkit.errors import PatchFailed
+from patchkit.images.assemble import PushToDigest, push_image
 from patchkit.images.build import build
 from patchkit.images.definitions import ARCH_ENV, load_image
-from patchkit.images.engine import build_with_engine, dockerfile, render_context
+from patchkit.images.engine import EngineNeedsRegistryBase, build_with_engine, dockerfile, render_context
+from patchkit.images.labels import BadSourceDateEpoch, SourceUrlNotPublic
 from patchkit.images.new_layer import BYTECODE_STUB
 from patchkit.images.prepare import BaseUnusable, ImageIdIsNoBase, prepare
 from patchkit.oci.layer import whited_out
@@ -550,6 +552,16 @@ def test_versions_that_disagree_are_refused_with_every_value_named(module, metad
     assert err.value.exit_code == 2
 
 
+def test_a_metadata_without_a_version_is_no_distribution():
+    from patchkit.sources.base import NotADistribution
+    from patchkit.sources.installed_version import held_version
+
+    with pytest.raises(NotADistribution) as err:
+        held_version("base", "vllm", metadata=b"Metadata-Version: 2.1\nName: vllm\n\n",
+                     metadata_path="/site/vllm-0.33.0.dist-info/METADATA")
+    assert (err.value.path, err.value.problem) == ("/site/vllm-0.33.0.dist-info/METADATA", "no Version field")
+
+
 def test_a_version_without_metadata_is_not_confirmed():
     from patchkit.sources.installed_version import VersionUnconfirmed, held_version
 
@@ -598,6 +610,28 @@ def test_an_image_id_is_no_base_reference(tmp_path):
             run_build(IMAGE_4P67, tmp_path, base=spec, output=tmp_path / "oci")
         assert info.value.spec == spec
     assert not is_image_id("vllm/vllm-openai:glm53") and not is_image_id("4f775762eb04")
+
+
+def test_what_a_build_is_told_is_refused_with_its_kind(base, tmp_path, monkeypatch):
+    """The engine route from a layout base, a push to a digest, a source URL nobody can open and an epoch
+    that is no number: each refused naming what was given, before anything is sent."""
+    layout = f"{base['layout']}:base"
+    dry = run_build(IMAGE_4P67, tmp_path, base=layout, dry_run=True)
+    with pytest.raises(EngineNeedsRegistryBase) as engine:
+        render_context(dry.built, tmp_path / "ctx")
+    assert engine.value.spec == dry.built.prepared.base.spec and str(base["layout"]) in engine.value.spec
+    target = f"127.0.0.1:{free_port()}/patched@sha256:{'0' * 64}"  # nobody listens: refused before asking
+    with pytest.raises(PushToDigest) as push:
+        push_image(dry.built, [target])
+    assert push.value.target == target
+    again = {"base": layout, "dry_run": True, "revision": REVISION, "cache": tmp_path / "cache"}
+    with pytest.raises(SourceUrlNotPublic) as url:
+        build(IMAGE_4P67, source_url="/home/me/patchkit", epoch=EPOCH, **again)
+    assert url.value.url == "/home/me/patchkit"
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(BadSourceDateEpoch) as epoch:
+        build(IMAGE_4P67, source_url=SOURCE, **again)
+    assert epoch.value.value == "yesterday" and epoch.value.exit_code == 2
 
 
 def _receipt(path: Path, digest: str, image: str | None, *, failed: str | None = None) -> Path:

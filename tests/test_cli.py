@@ -170,6 +170,9 @@ def test_unknown_variant_and_smoke_mode_are_usage_errors():
     assert r.returncode == 2 and "unknown variant 'no-such-variant'" in r.stderr
     r = cli("smoke", "lab")
     assert r.returncode == 2 and "either --cpu or at least one --host" in r.stderr
+    r = cli("smoke", "lab", "--cpu", "--load-format", "instanttensor", "--json")  # click's usage error, typed
+    assert r.returncode == 2 and json.loads(r.stdout)["error"]["kind"] == "usage"
+    assert "--load-format goes with --host" in r.stderr and "Usage: " in r.stderr
 
 
 # -- failures: every one an exit code and a message (and, with --json, one JSON object) --------------
@@ -192,6 +195,16 @@ def test_edited_patch_text_is_modified_and_neither_apply_nor_revert_touch_it(tre
         assert snapshot(root) == before  # no second copy inserted, no patch code left half-removed
 
 
+def test_an_assumed_version_is_refused_naming_what_it_lacks():
+    from patchkit.cli.common import InvalidAssumedVersion, parse_assumed
+
+    assert parse_assumed(("vllm=0.33.0",)) == {"vllm": "0.33.0"}
+    for value, version in (("vllm", None), ("=0.33.0", None), ("vllm=", None), ("vllm=banana", "banana")):
+        with pytest.raises(InvalidAssumedVersion) as bad:
+            parse_assumed((value,))
+        assert (bad.value.value, bad.value.version) == (value, version)
+
+
 def test_assumed_version_that_is_not_a_version_is_exit_2_and_outside_every_range_is_exit_1(tree):
     root, patches = tree
     before = snapshot(root)
@@ -200,6 +213,7 @@ def test_assumed_version_that_is_not_a_version_is_exit_2_and_outside_every_range
     for command in (["apply", "--target"], ["check", "--source"]):
         r = cli(*command, root, "--patches", patches, "--assume-version", "vllm=0.0.1")
         assert r.returncode == 1 and "no patch of the series applies to vllm 0.0.1" in r.stderr, r.stderr
+        assert "see `patchkit list` for the ranges" in " ".join(r.stderr.split())
         assert "already applied" not in r.stdout
     assert snapshot(root) == before
 

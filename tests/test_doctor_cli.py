@@ -95,3 +95,18 @@ def test_each_subcommand_takes_only_its_own_options():
         assert refused.code == 2 and f"No such option '{option}'" in refused.stderr, refused.output
     bare = run_patchkit("doctor")
     assert bare.code == 2 and all(name in bare.stderr for name in ("log", "host", "serving")), bare.output
+
+
+def test_doctor_serving_refuses_what_is_no_server_url_and_a_missing_model():
+    from patchkit.cli.doctor import NotAServerUrl, _doctor_serving
+
+    for url in ("ftp://127.0.0.1:8000", "http://127.0.0.1:8000/v1", "http://"):
+        with pytest.raises(NotAServerUrl) as refused:
+            _doctor_serving(url, "m", None, None, False)
+        assert refused.value.url == url
+    bad = run_patchkit("doctor", "serving", "ftp://127.0.0.1:8000", "--model", "m", "--json")
+    assert bad.code == 2 and json.loads(bad.stdout)["error"]["kind"] == "error"
+    assert "give the server's base URL" in bad.stderr
+    unnamed = run_patchkit("doctor", "serving", "http://127.0.0.1:1", "--json")  # a usage error: no model
+    assert unnamed.code == 2 and json.loads(unnamed.stdout)["error"]["kind"] == "usage"
+    assert "give --model NAME or --variant V" in unnamed.stderr and "Traceback" not in unnamed.stderr

@@ -255,6 +255,16 @@ def test_doctor_host_on_this_machine(tmp_path):
     assert table.code == 1 and "doctor host local: NOT READY" in table.stdout and "nvidia-smi not found" in table.stdout
 
 
+def test_a_host_that_is_no_ssh_url_is_refused_naming_it():
+    from patchkit.spark.commands import InvalidHost, SshCommands
+
+    for url, port in (("spark1", None), ("ssh://", None), ("ssh://me@spark1:x22", "x22")):
+        with pytest.raises(InvalidHost) as refused:
+            SshCommands(url)
+        assert (refused.value.url, refused.value.port) == (url, port)
+    assert (SshCommands("ssh://me@spark1:2222").dest, SshCommands("ssh://me@spark1:2222").port) == ("me@spark1", "2222")
+
+
 def test_doctor_host_refuses_bad_input(tmp_path):
     assert_refused(run_patchkit("doctor", "host", "spark1"), "'spark1'", "ssh://[USER@]HOST[:PORT]")
     assert_refused(run_patchkit("doctor", "host", "ssh://spark1:x22"), "the port 'x22' is not a number")

@@ -12,6 +12,7 @@ images ship no bytecode (images.build), umask 022. The one wheel made here is a 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import io
 import json
@@ -31,7 +32,18 @@ from patchkit.errors import PatchkitError
 from patchkit.images.build import build
 from patchkit.images.definitions import WheelPin, load_image, load_images
 from patchkit.images.engine import render_context
-from patchkit.images.extras import DIR_MODE, Scheme, WheelPinMismatch, extra_layer, fetch, install
+from patchkit.images.extras import (
+    DIR_MODE,
+    InstalledTwice,
+    LoaderNotCarried,
+    Scheme,
+    UnknownInstallScheme,
+    WheelPinMismatch,
+    check_load_format,
+    extra_layer,
+    fetch,
+    install,
+)
 from patchkit.patching.patchset import load_patchset
 from patchkit.sources.verified_wheel import BadWheel
 from patchkit.variants.definitions import find_variant, load_variants
@@ -227,6 +239,28 @@ def _cli_build(images: Path, base: dict, tmp_path: Path, **env: str) -> subproce
     return subprocess.run([sys.executable, "-m", "patchkit", "build", LAB, "--base", f"{base['layout']}:base",
                            "--output", str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PATCHKIT_IMAGES": str(images), **env})
+
+
+def test_a_loader_the_image_lacks_and_a_site_pip_cannot_place_are_refused_with_their_kind(patchset):
+    plain = load_image(REPO / "images", "glm53-flash-nvfp4", patchset)
+    with pytest.raises(LoaderNotCarried) as lacks:
+        check_load_format(plain, "instanttensor")
+    assert (lacks.value.load_format, lacks.value.package, lacks.value.image, lacks.value.carried) == \
+           ("instanttensor", "instanttensor", "glm53-flash-nvfp4", ())
+    check_load_format(plain, None)  # the variant's own loader needs nothing
+    vllm = plain.packages["vllm"]
+    elsewhere = dataclasses.replace(plain, packages={"vllm": dataclasses.replace(vllm, path="/opt/vllm")})
+    with pytest.raises(UnknownInstallScheme) as site:
+        Scheme.of(elsewhere)
+    assert (site.value.image, site.value.site) == ("glm53-flash-nvfp4", "/opt")
+
+
+def test_two_pinned_wheels_installing_one_file_are_refused(lab):
+    twice = dataclasses.replace(lab, wheels={"a": WHEEL_PIN, "b": WHEEL_PIN})
+    with pytest.raises(InstalledTwice) as both:
+        extra_layer(twice)
+    assert (both.value.image, both.value.first, both.value.second) == (LAB, "wheel", "wheel")
+    assert both.value.path.startswith((SITE + "/", "/usr/local/bin/"))
 
 
 def test_children_inherit_the_wheels_and_bad_pins_are_refused(patchset, tmp_path):

@@ -536,3 +536,25 @@ def test_an_endless_chat_answer_is_cut_at_its_limit_not_held(monkeypatch):
     finally:
         server.shutdown()
     assert reply["ok"] is False and "PATCHKIT_LIMIT_API_ANSWER" in reply["error"]
+
+
+def test_what_a_smoke_is_given_but_cannot_run_is_refused_with_its_kind(tmp_path):
+    """A serve command missing what only the checkpoint tells, a ~ cache path on a remote host and a
+    variant the CPU smoke has no tiny layout for: each refused before any container or worker starts."""
+    from patchkit.smoke.containers import RemoteHomeUnknown, _host_path
+    from patchkit.smoke.cpu import build_checkpoints
+    from patchkit.smoke.hardware import ServeCommandIncomplete
+    from patchkit.smoke.synthetic_layout import LAYOUTS, NoSyntheticLayout
+
+    variant = find_variant("nvidia-nvfp4", IMAGES)
+    command = serve_command(variant)
+    with pytest.raises(ServeCommandIncomplete) as pending:
+        run_smoke(variant, command, "img", [], "http://127.0.0.1:1")
+    assert pending.value.variant == "nvidia-nvfp4" and pending.value.pending == command.pending != ()
+    with pytest.raises(RemoteHomeUnknown) as home:
+        _host_path("ssh://ops@spark1", "~/.cache/huggingface")
+    assert (home.value.path, home.value.host) == ("~/.cache/huggingface", "ssh://ops@spark1")
+    assert _host_path("ssh://ops@spark1", "/home/ops/.cache/huggingface") == "/home/ops/.cache/huggingface"
+    with pytest.raises(NoSyntheticLayout) as layout:
+        build_checkpoints(["no-such-variant"], tmp_path, "/nonexistent/python")
+    assert layout.value.variant == "no-such-variant" and layout.value.known == tuple(LAYOUTS)

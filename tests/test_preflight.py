@@ -154,6 +154,29 @@ def test_identity_and_declaration_fail_closed(tmp_path):
     assert (none.value.root, none.value.partial) == (root, ())
 
 
+def test_a_config_without_its_layers_and_a_tp_below_one_are_refused_with_their_kind(tmp_path):
+    from patchkit.checkpoint.memory import BadTensorParallelSize
+    from patchkit.checkpoint.preflight import InvalidModelConfig
+
+    def text(config):
+        return config.get("text_config", config)
+
+    for name, edit, field, found in [
+        ("list", lambda c: c.update(text_config=[1]), "text_config", [1]),
+        ("zero", lambda c: text(c).update(num_hidden_layers=0), "num_hidden_layers", 0),
+        ("absent", lambda c: text(c).pop("num_hidden_layers"), "num_hidden_layers", None),
+        ("bool", lambda c: text(c).update(num_hidden_layers=True), "num_hidden_layers", True),
+    ]:
+        root = make(tmp_path / name, "lab", edit_config=edit)
+        with pytest.raises(InvalidModelConfig) as bad:
+            check(root, unpinned("lab"), **pins_of(root))
+        assert (bad.value.path, bad.value.field, bad.value.found) == (root / "config.json", field, found)
+    root = make(tmp_path / "tp", "lab")
+    with pytest.raises(BadTensorParallelSize) as tp:
+        check(root, unpinned("lab"), tp=-2, **pins_of(root))
+    assert tp.value.tp == -2
+
+
 def test_variant_is_detected_from_its_pins(tmp_path):
     """A pinned variant is found by hashing alone; here an images dir whose nvidia pins are this set's."""
     root = make(tmp_path, "nvidia-nvfp4")

@@ -229,6 +229,18 @@ def test_a_persistent_500_ends_in_a_typed_error_and_nothing_is_pushed(images, pr
     assert not proxy.requests(r"/manifests/")
 
 
+@pytest.mark.parametrize("value", ["0", "65", "four", "-1", " 2"])
+def test_a_push_jobs_setting_outside_1_to_64_is_refused(value, monkeypatch):
+    from patchkit.oci.push import BadPushJobs, push_jobs
+
+    monkeypatch.setenv("PATCHKIT_PUSH_JOBS", value)
+    with pytest.raises(BadPushJobs) as bad:
+        push_jobs()
+    assert bad.value.value == value and bad.value.exit_code == 2
+    monkeypatch.setenv("PATCHKIT_PUSH_JOBS", "64")
+    assert push_jobs() == 64
+
+
 def test_blobs_are_pushed_in_parallel_and_one_failure_cancels_the_rest(images, proxy, monkeypatch):
     built = images["upload"]
     digests = blob_digests(built)

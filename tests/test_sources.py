@@ -347,6 +347,11 @@ def test_directory_refuses_paths_escaping_the_package_root(tmp_path):
         source.read("vllm", "outside.py")
     assert (info.value.member, info.value.root) == ("vllm/outside.py", (tmp_path / "vllm").resolve())
     assert source.read("vllm", "inside.py") == VLLM_FILES["config/model.py"]
+    (tmp_path / "vllm" / "loop.py").symlink_to(tmp_path / "vllm" / "loop.py")  # a link to itself
+    with pytest.raises(NotARegularMember) as loop:
+        source.read("vllm", "loop.py")
+    assert (loop.value.member, loop.value.where) == ("vllm/loop.py", str((tmp_path / "vllm").resolve()))
+    assert loop.value.found.startswith("a link that does not resolve")
 
 
 def test_directory_without_packages_or_missing_is_an_error(tmp_path):
@@ -706,6 +711,11 @@ def test_git_version_from_describe_from_version_py_else_the_sha(vllm_repo, tmp_p
 
 
 def test_git_refuses_unknown_refs_non_repositories_and_symlinks(vllm_repo, tmp_path):
+    from patchkit.sources.git import IncompleteGitSource
+
+    with pytest.raises(IncompleteGitSource) as empty:  # --git PATH --ref "" gives the two apart
+        GitSource(vllm_repo.working_tree_dir, "")
+    assert (empty.value.location, empty.value.ref) == (vllm_repo.working_tree_dir, "")
     with pytest.raises(UnknownRef, match=r"ref 'v9.9.9' is not a commit in git repository") as unknown:
         open_source(f"git:{vllm_repo.working_tree_dir}@v9.9.9")
     assert (unknown.value.location, unknown.value.ref) == (vllm_repo.working_tree_dir, "v9.9.9")

@@ -540,8 +540,16 @@ def test_with_a_flashinfer_source_its_edits_are_checked_on_every_version(local_i
     assert cell["edits"][1]["detail"].startswith("invariant no longer holds: anchor expected 1x, found 0x")
     assert "flashinfer 0.7.2 sdist" in doc["columns"][0]["source"]
 
-    result = verify(*args, "--with", f"vllm=={PINNED_VLLM}")
+    result = verify(*args, "--with", f"vllm=={PINNED_VLLM}", "--json")  # a usage error, naming the source
     assert result.exit_code == 2 and "--with takes sources of other packages" in result.stderr
+    assert f"--with vllm=={PINNED_VLLM} holds vLLM" in result.stderr
+    assert json.loads(result.stdout)["error"]["kind"] == "usage"
+
+
+def test_the_kernel_census_reads_one_release():
+    result = verify("--kernels", "--versions", "0.33.0,0.34.0", "--json")
+    assert result.exit_code == 2 and json.loads(result.stdout)["error"]["kind"] == "usage"
+    assert "--kernels reads one release: give --versions one version, not '0.33.0,0.34.0'" in result.stderr
 
 
 def test_every_planner_state_has_a_cell_state():

@@ -50,7 +50,7 @@ from patchkit.census.reach import follow, lines, read_sources
 from patchkit.errors import PatchkitError
 from patchkit.sources.archives import TarGzArchive
 from patchkit.sources.cache import ArchiveCache, atomic_write, user_secret
-from patchkit.sources.release import open_release
+from patchkit.sources.release import ArchiveVanished, open_release
 from patchkit.untrusted import read_file
 
 COMPILE_TIMEOUT_S = 1800  # vLLM's topk.cu for both targets: ~3 min on a loaded 2-core machine
@@ -132,7 +132,7 @@ def census(dist: str, version: str, *, progress: bool = False) -> list[Row]:
     source = open_release(dist, version, cache=cache, progress=progress)  # downloads and verifies once
     archive = cache.lookup(dist, version)
     if archive is None:  # verified a moment ago: another process dropped it from the cache meanwhile
-        raise PatchkitError(f"{dist} {version}: the archive just verified left the cache {cache.downloads}; run again")
+        raise ArchiveVanished(f"{dist} {version}'s archive", cache.downloads)
     rows: list[Row] = []
     for unit in units_for(dist, version):
         kernels = [k for k in unit.kernels if not k.versions or Version(version) in SpecifierSet(k.versions)]

@@ -15,11 +15,19 @@ GB10_FREE_AT_BOOT_GIB = 108.5  # field records "The 4p67 recipe": driver reserve
 ACTIVATION_RESERVE_GIB = 6.0
 
 
+class BadTensorParallelSize(PatchkitError):
+    """A tensor parallel size `tp` (--tp) below 1 (exit 2)."""
+
+    def __init__(self, tp: int):
+        self.tp = tp
+        super().__init__(f"tensor parallel size must be >= 1, got {tp}")
+
+
 def per_rank_bytes(inv: Inventory, tp: int, language_model_only: bool) -> int:
     """Estimated weight bytes one rank holds at tensor parallel size `tp` (the vision tower is skipped
     when vLLM runs --language-model-only)."""
     if tp < 1:
-        raise PatchkitError(f"tensor parallel size must be >= 1, got {tp}")
+        raise BadTensorParallelSize(tp)
     total = 0
     for m in inv.modules.values():
         if m.kind == "vision" and language_model_only:

@@ -106,6 +106,16 @@ def _check_layout(variant: Variant, quant: dict, inv: Inventory, excludes: list[
     return mismatches, hits
 
 
+class InvalidModelConfig(PatchkitError):
+    """A checkpoint's config.json (`path`) whose `field` is not `expected` ("an object", "a positive whole
+    number"): it is `found` (None when absent) (exit 2)."""
+
+    def __init__(self, path: Path, field: str, expected: str, found: object):
+        self.path, self.field, self.expected, self.found = path, field, expected, found
+        shown = "missing" if found is None else f"{found!r:.200}"
+        super().__init__(f"{path}: {field} is not {expected}: {shown}")
+
+
 class NoMatchingVariant(PatchkitError):
     """A checkpoint whose pins match no pinned variant (exit 2): its `root`, the `config_sha256` it has and
     the `partial` variants whose known pins it matches (they pin only part of the checkpoint)."""
@@ -154,14 +164,14 @@ def preflight(root: Path, variant: Variant, *, series: Sequence[str], patchset: 
     config = verified.config
     text = config.get("text_config", config)
     if not isinstance(text, dict):
-        raise PatchkitError(f"{root / CONFIG}: text_config is not an object")
+        raise InvalidModelConfig(root / CONFIG, "text_config", "an object", text)
     source = read_declared(root, config, variant)
     quant = source.config
     declared_algo = source.declared_algo
     want = variant.checkpoint
     layers = text.get("num_hidden_layers")
     if not isinstance(layers, int) or isinstance(layers, bool) or layers <= 0:
-        raise PatchkitError(f"{root / CONFIG}: num_hidden_layers missing or invalid: {layers!r}")
+        raise InvalidModelConfig(root / CONFIG, "num_hidden_layers", "a positive whole number", layers)
     inv = inventory(read_headers(verified), layers)
     spelling = spelling_of(weight_map_names(verified.index, str(root / INDEX)))
     rules = rules_for(patchset.series(), text, variant, spelling)

@@ -39,16 +39,36 @@ def load_series(patches_dir: Path, series: SeriesChoice) -> tuple[PatchSet, list
     return patchset, series_named(series.name, series.images_dir, patchset)
 
 
+class InvalidAssumedVersion(PatchkitError):
+    """An `--assume-version` `value` that is not PACKAGE=VERSION (`version` None), or whose `version` is
+    not a PEP 440 version (exit 2)."""
+
+    def __init__(self, value: str, version: str | None = None):
+        self.value, self.version = value, version
+        super().__init__(f"--assume-version takes PACKAGE=VERSION, got {value!r}" if version is None
+                         else f"--assume-version {value}: {version!r} is not a version (e.g. vllm=0.30.0)")
+
+
+class OutOfEveryRange(PatchFailed):
+    """The tree's (or `--assume-version`'s) `versions` (package -> version) lie outside every patch's range
+    on `source`, so nothing applies and nothing is "already applied" (exit 1)."""
+
+    def __init__(self, versions: dict[str, str], source: str):
+        self.versions, self.source = versions, source
+        found = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+        super().__init__(f"no patch of the series applies to {found} ({source}); see `patchkit list` for the ranges")
+
+
 def parse_assumed(values: tuple[str, ...]) -> dict[str, str]:
     out = {}
     for value in values:
         package, sep, version = value.partition("=")
         if not sep or not package or not version:
-            raise PatchkitError(f"--assume-version takes PACKAGE=VERSION, got {value!r}")
+            raise InvalidAssumedVersion(value)
         try:
             Version(version)
         except InvalidVersion:
-            raise PatchkitError(f"--assume-version {value}: {version!r} is not a version (e.g. vllm=0.30.0)") from None
+            raise InvalidAssumedVersion(value, version) from None
         out[package] = version
     return out
 
@@ -59,9 +79,7 @@ def refuse_if_out_of_every_range(plan) -> None:
     from patchkit.patching.carry import out_of_every_range
 
     if out_of_every_range(plan):
-        found = ", ".join(f"{k} {v}" for k, v in sorted(plan.versions.items()))
-        raise PatchFailed(f"no patch of the series applies to {found} ({plan.source}); "
-                          "see `patchkit list` for the ranges")
+        raise OutOfEveryRange(dict(plan.versions), plan.source)
 
 
 def emit(as_json: bool, payload: dict, renderable=None) -> None:

@@ -39,11 +39,11 @@ LEVEL_COLOUR = {"fail": "red", "warn": "yellow", "ok": "green"}  # a finding's l
 def _read(log: str) -> Iterator[tuple[str, bool]]:
     """The log's lines, streamed (never read whole): a regular file within the boot-log limit, or stdin;
     each line cut at the log-line limit (patchkit.untrusted.lines). Opening fails here, before judging."""
-    from patchkit.untrusted import lines, open_regular
+    from patchkit.untrusted import UnreadableFile, lines, open_regular
 
     if log == "-":
         if sys.stdin is None:  # started with its standard input closed
-            raise PatchkitError("cannot read the log on stdin: standard input is closed")
+            raise UnreadableFile("the log on stdin", "standard input is closed")
         return lines(sys.stdin.buffer, "the log on stdin")
     what = f"cannot read the log {log}"
     stream = open_regular(log, "boot-log", what)
@@ -53,7 +53,7 @@ def _read(log: str) -> Iterator[tuple[str, bool]]:
             try:
                 yield from lines(stream, f"the log {log}")
             except OSError as exc:
-                raise PatchkitError(f"{what}: {exc.strerror or exc}") from None
+                raise UnreadableFile(f"the log {log}", exc.strerror or str(exc), exc.errno) from None
 
     return streamed()
 
@@ -92,6 +92,14 @@ def _render_hosts(reports) -> None:
         console.print(table)
 
 
+class NotAServerUrl(PatchkitError):
+    """`doctor serving` was given `url`, which is not a server's base URL http(s)://HOST[:PORT] (exit 2)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        super().__init__(f"doctor serving {url!r}: give the server's base URL, http(s)://HOST[:PORT] (no path)")
+
+
 def _doctor_serving(url: str, model: str | None, variant, images_dir, as_json) -> None:
     """The smoke's serving probes against a running server: the reasoning split, tool-call arguments and
     U+FFFD as a client reads them; each answer read bounded (smoke/api.py)."""
@@ -105,10 +113,10 @@ def _doctor_serving(url: str, model: str | None, variant, images_dir, as_json) -
 
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.path.strip("/") or parts.query:
-        raise PatchkitError(f"doctor serving {url!r}: give the server's base URL, http(s)://HOST[:PORT] (no path)")
+        raise NotAServerUrl(url)
     if model is None:
         if not variant:
-            raise PatchkitError("doctor serving needs the served model name: give --model NAME or --variant V")
+            raise click.UsageError("doctor serving needs the served model name: give --model NAME or --variant V")
         model = find_variant(variant, images_dir).serve.served_model_name
     probes = serving_probes(url.rstrip("/"), model)
     ok = all(p["ok"] for p in probes.values())

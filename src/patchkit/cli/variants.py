@@ -22,7 +22,6 @@ from patchkit.cli.common import (
     load_series,
     patches_option,
 )
-from patchkit.errors import PatchkitError
 
 pin_options = [
     click.option("--pin-config", metavar="SHA256", help="config.json pin for a variant without a known one."),
@@ -137,9 +136,9 @@ def smoke(variants, cpu, hosts, image, checkpoint, hf_cache, url, receipt, keep,
 
     chosen = [find_variant(v, images_dir) for v in variants]
     if cpu == bool(hosts):
-        raise PatchkitError("give either --cpu or at least one --host")
+        raise click.UsageError("give either --cpu or at least one --host")
     if cpu and load_format:
-        raise PatchkitError("--load-format goes with --host (the CPU smoke loads no weights from disk)")
+        raise click.UsageError("--load-format goes with --host (the CPU smoke loads no weights from disk)")
     if cpu:
         ok = _smoke_cpu(chosen, vllm_python, workdir, series, patches_dir, images_dir, as_json)
     else:
@@ -183,7 +182,7 @@ def _smoke_hosts(variants, hosts, image, checkpoint, hf_cache, url, receipt, kee
     from patchkit.smoke.hardware import run_smoke, switches_of
 
     if len(variants) != 1 or not image:
-        raise PatchkitError("a hardware smoke takes one variant and --image")
+        raise click.UsageError("a hardware smoke takes one variant and --image")
     variant = variants[0]
     check_loader(variant, load_format, images_dir, patches_dir)
     command = serve_args(variant, checkpoint, pin_config, pin_index, None, load_format)

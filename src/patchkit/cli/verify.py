@@ -63,7 +63,6 @@ def verify_command(versions, git_location, tag_globs, refs, with_sources, patche
         raise click.UsageError("--wheel goes with --kernels")
     from rich.console import Console
 
-    from patchkit.errors import PatchkitError
     from patchkit.images.definitions import every_series
     from patchkit.patching.patchset import load_patchset
     from patchkit.sources import open_source
@@ -84,8 +83,10 @@ def verify_command(versions, git_location, tag_globs, refs, with_sources, patche
         targets = index_targets(wanted)
     progress = sys.stderr.isatty()
     extra = [open_source(spec, progress=progress) for spec in with_sources]
-    if any("vllm" in source.versions() for source in extra):
-        raise PatchkitError("--with takes sources of other packages (FlashInfer); vLLM is what verify iterates")
+    for spec, source in zip(with_sources, extra, strict=True):
+        if "vllm" in source.versions():
+            raise click.UsageError(f"--with {spec} holds vLLM: --with takes sources of other packages (FlashInfer); "
+                                   "vLLM is what verify iterates")
     matrix = compute(patchset, targets, image_series=image_series, extra=extra, progress=progress)
     if as_json:
         click.echo(json.dumps(to_dict(matrix), indent=2, sort_keys=True))
@@ -188,9 +189,7 @@ def _jit_census(versions: str | None, as_json: bool) -> None:
 
 
 def _one_version(versions: str | None) -> str:
-    from patchkit.errors import PatchkitError
-
     version = versions or PINNED_VLLM
     if any(c in version for c in ",<>=~!*"):
-        raise PatchkitError(f"--kernels reads one release: give --versions one version, not {version!r}")
+        raise click.UsageError(f"--kernels reads one release: give --versions one version, not {version!r}")
     return version

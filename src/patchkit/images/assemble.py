@@ -36,6 +36,14 @@ from patchkit.oci.registry import Reference, RegistryClient
 from patchkit.sources.image_layers import ImageLayersSource
 
 
+class PushToDigest(PatchkitError):
+    """`--push` `target` names a digest; a push names a repository or a tag, its digest is the build's (exit 2)."""
+
+    def __init__(self, target: str):
+        self.target = target
+        super().__init__(f"--push {target}: give a repository or a tag; the digest is computed")
+
+
 @dataclass
 class Built:
     prepared: Prepared[BaseImage, ImageLayersSource]
@@ -93,7 +101,7 @@ def push_image(built: Built, refs: Sequence[str], *, progress: Progress | None =
     for text in refs:
         ref = Reference.parse(text)
         if ref.digest:
-            raise PatchkitError(f"--push {text}: give a repository or a tag; the digest is computed")
+            raise PushToDigest(text)
         client = RegistryClient(ref.registry, progress=progress)
         repo = ref.repository
         mount_from = (base.reference.repository if base.reference is not None

@@ -27,12 +27,21 @@ from patchkit.oci.progress import Progress, Quiet
 from patchkit.oci.registry import Reference
 
 
+class EngineNeedsRegistryBase(PatchkitError):
+    """An --engine build of the base `spec`, a local OCI layout: the engine's Dockerfile builds FROM a
+    registry image only (exit 2)."""
+
+    def __init__(self, spec: str):
+        self.spec = spec
+        super().__init__(f"the engine path builds FROM a registry image; base {spec} is a local OCI layout: push it "
+                         "to a registry first, or use the daemonless build")
+
+
 def render_context(built: Built, dest: Path) -> Path:
     """A build context: `Dockerfile` (FROM base@digest, one COPY, LABEL, ENV; no RUN) and `rootfs/`."""
     base = built.prepared.base
     if base.reference is None:
-        raise PatchkitError(f"the engine path builds FROM a registry image; base {base.spec} is a local OCI "
-                            "layout: push it to a registry first, or use the daemonless build")
+        raise EngineNeedsRegistryBase(base.spec)
     dest = Path(dest)
     built.contents.write_rootfs(dest / "rootfs")   # the daemonless layer's entries, stubs for its whiteouts
     ref = base.reference
@@ -316,7 +325,8 @@ def annotate_pushed(tag: str, annotations: dict[str, str]) -> str:
 
     ref = Reference.parse(tag)
     if ref.tag is None:  # tags_for gives every push name one
-        raise PatchkitError(f"{tag}: the engine pushes a name with a tag; this one has none")
+        raise PatchkitError(f"{tag}: the engine pushes a name with a tag; this one has none "
+                            "(a patchkit bug: please report it)")
     client = RegistryClient(ref.registry)
     data, media_type = client.get_manifest(ref.repository, ref.tag)
     if media_type not in (DOCKER_MANIFEST, OCI_MANIFEST):

@@ -49,6 +49,7 @@ from patchkit.images.definitions import Image, WheelPin
 from patchkit.oci.layer import Entry
 from patchkit.sources.cache import ArchiveCache
 from patchkit.sources.index import download, project_files
+from patchkit.sources.release import ArchiveVanished
 from patchkit.sources.verified_wheel import BadWheel, VerifiedWheel, open_wheel
 from patchkit.untrusted import open_regular
 
@@ -64,15 +65,41 @@ _SITE = re.compile(r"^(?P<prefix>/.+)/lib/python(?P<version>3\.\d+)/(?P<kind>sit
 LOAD_FORMAT_PACKAGES = {"instanttensor": "instanttensor"}
 
 
+class LoaderNotCarried(PatchkitError):
+    """`--load-format` `load_format` imports the `package` that `image` does not pin among its wheels (its
+    pinned wheels: `carried`) (exit 2): the boot would fail at weight load, minutes in."""
+
+    def __init__(self, load_format: str, package: str, image: str, carried: tuple[str, ...]):
+        self.load_format, self.package, self.image, self.carried = load_format, package, image, carried
+        super().__init__(f"--load-format {load_format} imports the {package} package, which image {image} does not "
+                         f"carry (its pinned wheels: {', '.join(carried) or 'none'}): serve a variant whose image "
+                         f"pins [wheels.{package}], add it to images/{image}/image.toml, or leave the loader at its "
+                         "default")
+
+
+class UnknownInstallScheme(PatchkitError):
+    """The `image`'s vLLM lies in `site`, which is no `<prefix>/lib/pythonX.Y/site-packages` or
+    dist-packages, so where pip would install its pinned wheels cannot be told (exit 2)."""
+
+    def __init__(self, image: str, site: str):
+        self.image, self.site = image, site
+        super().__init__(f"image {image}: cannot tell where pip installs from its site-packages {site} "
+                         "(expected <prefix>/lib/pythonX.Y/site-packages or dist-packages)")
+
+
+class InstalledTwice(PatchkitError):
+    """Two wheels `image` pins, `first` and `second`, both install the file `path` (exit 2)."""
+
+    def __init__(self, image: str, path: str, first: str, second: str):
+        self.image, self.path, self.first, self.second = image, path, first, second
+        super().__init__(f"image {image}: {path} is installed by both {first} and {second}")
+
+
 def check_load_format(image: Image, load_format: str | None) -> None:
     """Refuse a loader whose package the image does not carry among its pinned wheels (exit 2)."""
     package = LOAD_FORMAT_PACKAGES.get(load_format or "")
-    if package is not None and package not in image.wheels:
-        carried = ", ".join(sorted(image.wheels)) or "none"
-        raise PatchkitError(f"--load-format {load_format} imports the {package} package, which image {image.name} "
-                            f"does not carry (its pinned wheels: {carried}): serve a variant whose image pins "
-                            f"[wheels.{package}], add it to images/{image.name}/image.toml, or leave the loader "
-                            "at its default")
+    if load_format and package is not None and package not in image.wheels:
+        raise LoaderNotCarried(load_format, package, image.name, tuple(sorted(image.wheels)))
 
 
 class WheelPinMismatch(PatchkitError):
@@ -108,8 +135,7 @@ class Scheme:
         site = posixpath.dirname(image.packages["vllm"].path)
         found = _SITE.match(site)
         if found is None:
-            raise PatchkitError(f"image {image.name}: cannot tell where pip installs from its site-packages {site} "
-                                "(expected <prefix>/lib/pythonX.Y/site-packages or dist-packages)")
+            raise UnknownInstallScheme(image.name, site)
         prefix, version = found["prefix"], found["version"]
         # Debian's python3.X (dist-packages) is /usr/bin's; a prefix's own Python is in its bin/.
         interpreter = f"/usr/bin/python{version}" if found["kind"] == "dist" else f"{prefix}/bin/python{version}"
@@ -173,7 +199,7 @@ def extra_layer(image: Image) -> ExtraLayer:
     for wheel in installed:
         for f in wheel.files:
             if f.path in seen:
-                raise PatchkitError(f"image {image.name}: {f.path} is installed by both {seen[f.path]} and {wheel.name}")
+                raise InstalledTwice(image.name, f.path, seen[f.path], wheel.name)
             seen[f.path] = wheel.name
     return ExtraLayer(installed)
 
@@ -199,7 +225,7 @@ def fetch(pin: WheelPin, platform: str) -> Path:
                 download(listed, out, progress=False)
             cached = cache.lookup(pin.name, pin.version)
         if cached is None:
-            raise PatchkitError(f"{filename} vanished from the cache {cache.downloads} right after its download")
+            raise ArchiveVanished(filename, cache.downloads)
     return cached.path
 
 

@@ -31,6 +31,23 @@ ANNOTATION_PREFIX = "dev.patchkit"
 _SCP_LIKE = re.compile(r"^(?:[^@/:]+@)?(?P<host>[A-Za-z0-9.-]+\.[A-Za-z]{2,}):(?!//)(?P<path>[^\\]+)$")
 
 
+class BadSourceDateEpoch(PatchkitError):
+    """SOURCE_DATE_EPOCH is set to `value`, which is not a whole number of seconds since 1970 (exit 2)."""
+
+    def __init__(self, value: str):
+        self.value = value
+        super().__init__(f"SOURCE_DATE_EPOCH={value!r} is not a number of seconds")
+
+
+class SourceUrlNotPublic(PatchkitError):
+    """`--source-url` `url` is not a URL people can open (https or http; an scp-style git address is
+    taken), so it is not written as the image's source (exit 2)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        super().__init__(f"--source-url {url!r} is not a URL people can open (https://...)")
+
+
 def tag_for(version: str) -> str:
     tag = re.sub(r"[^A-Za-z0-9_.-]", "_", version)
     return tag[:128]
@@ -99,7 +116,7 @@ def build_epoch(epoch: int | None = None, root: Path = CHECKOUT) -> int:
         committed = commit_epoch(root)
         return committed if committed is not None else 0
     if not raw.isdigit():
-        raise PatchkitError(f"SOURCE_DATE_EPOCH={raw!r} is not a number of seconds")
+        raise BadSourceDateEpoch(raw)
     return int(raw)
 
 
@@ -160,7 +177,7 @@ def describe_image(prepared: Prepared, *, epoch: int | None = None, revision: st
     if source_url:
         source = public_url(source_url)
         if source is None:
-            raise PatchkitError(f"--source-url {source_url!r} is not a URL people can open (https://...)")
+            raise SourceUrlNotPublic(source_url)
     shash = series_hash(prepared.carried)
     version = f"{prepared.versions['vllm']}-{shash}"
     common = {

@@ -101,6 +101,15 @@ class ImageIdIsNoBase(PatchkitError):
                          "with --load, a registry reference, or an OCI layout directory")
 
 
+class NotADirectoryInBase(PatchkitError):
+    """A parent directory of a patched file is a `kind` ("file", "symlink", ...) in the base (`where`, the
+    base's description) at `path`, so the layer cannot give it the base's directory metadata (exit 2)."""
+
+    def __init__(self, where: str, path: str, kind: str):
+        self.where, self.path, self.kind = where, path, kind
+        super().__init__(f"{where}: {path} is a {kind}, not a directory")
+
+
 class BaseUnusable(PatchkitError):
     """The base image could not be opened (exit 2): the `spec` as given and the `cause`, the error opening
     it raised (unreachable registry, missing layout, wrong platform, ...)."""
@@ -168,7 +177,7 @@ def layer_contents(source: ImageFiles, changes: list[FileChange], *, dirs: bool 
         if meta is not None and meta.kind == "dir":
             entries.append(Entry(d, "dir", mode=meta.mode, uid=meta.uid, gid=meta.gid))
         elif meta is not None:
-            raise PatchkitError(f"{source.description}: {d} is a {meta.kind}, not a directory")
+            raise NotADirectoryInBase(source.description, d, meta.kind)
     return files, entries, sorted(stale)
 
 

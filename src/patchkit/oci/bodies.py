@@ -22,9 +22,10 @@ def once(stream: VerifiedStream, digest: str) -> Callable[[], Reader]:
     def take() -> Reader:
         if not given:
             raise PatchkitError(f"blob {digest}: a stream given as the body cannot be sent twice; pass a "
-                                "callable that opens it again")
+                                "callable that opens it again (a patchkit bug: please report it)")
         if given[0].size is None:
-            raise PatchkitError(f"cannot copy blob {digest}: its size is unknown")
+            raise PatchkitError(f"cannot copy blob {digest}: its size is unknown (a patchkit bug: please report it; "
+                                "a copied blob's size is its descriptor's)")
         return given.pop()
     return take
 

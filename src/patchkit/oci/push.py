@@ -33,12 +33,20 @@ class Blob:
     mount_from: str | None = None
 
 
+class BadPushJobs(PatchkitError):
+    """PATCHKIT_PUSH_JOBS is set to `value`, not a number of parallel blob pushes from 1 to 64 (exit 2)."""
+
+    def __init__(self, value: str):
+        self.value = value
+        super().__init__(f"PATCHKIT_PUSH_JOBS={value!r}: expected a number of parallel blob pushes from 1 to 64")
+
+
 def push_jobs() -> int:
     value = os.environ.get("PATCHKIT_PUSH_JOBS", "")
     if not value:
         return DEFAULT_JOBS
     if not value.isdigit() or not 1 <= int(value) <= 64:
-        raise PatchkitError(f"PATCHKIT_PUSH_JOBS={value!r}: expected a number of parallel blob pushes from 1 to 64")
+        raise BadPushJobs(value)
     return int(value)
 
 

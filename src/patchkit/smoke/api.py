@@ -112,7 +112,8 @@ def serving_probes(base_url: str, model: str, timeout: float = 600) -> dict[str,
 def chat(base_url: str, model: str, prompt: str, max_tokens: int = MIN_MAX_TOKENS, timeout: float = 600) -> dict:
     """One chat completion with low reasoning effort (other values select MAX effort, field records "The 4p67 recipe")."""
     if max_tokens < MIN_MAX_TOKENS:
-        raise PatchkitError(f"max_tokens must be >= {MIN_MAX_TOKENS}: reasoning can use up a shorter budget")
+        raise PatchkitError(f"max_tokens must be >= {MIN_MAX_TOKENS}: reasoning can use up a shorter budget (a "
+                            "patchkit bug: please report it; every probe asks for more)")
     body = {"model": model, **request_body(prompt, max_tokens, chat_template_kwargs={"reasoning_effort": "low"})}
     answered = _answered(base_url, body, timeout)
     if isinstance(answered, dict):

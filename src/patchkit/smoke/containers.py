@@ -56,6 +56,16 @@ def _engine(host: str, step: str):
     return engine_step(step, error=refused)
 
 
+class RemoteHomeUnknown(PatchkitError):
+    """`--hf-cache` `path` starts with ~ for the remote `host`, whose home directory is not known here
+    (exit 2): the engine's API takes an absolute path on its own machine."""
+
+    def __init__(self, path: str, host: str):
+        self.path, self.host = path, host
+        super().__init__(f"--hf-cache {path}: the home directory on {host} is not known here; give the absolute "
+                         "path of the Hugging Face cache on that host (e.g. /home/USER/.cache/huggingface)")
+
+
 class DockerRunner:
     """A container through the Docker API of `host` (`ssh://user@spark1`, `unix:///...`, `tcp://...`).
 
@@ -70,7 +80,8 @@ class DockerRunner:
 
     def __init__(self, host: str, hf_cache: str, gpus: str = "auto") -> None:
         if gpus not in GPU_CHOICES:
-            raise PatchkitError(f"--gpus takes one of {', '.join(GPU_CHOICES)}, not {gpus!r}")
+            raise PatchkitError(f"--gpus takes one of {', '.join(GPU_CHOICES)}, not {gpus!r} (a patchkit bug: please "
+                                "report it; the command line takes only these)")
         self.host = host
         self.hf_cache = _host_path(host, hf_cache)
         self.client = _client(host)
@@ -178,8 +189,7 @@ def _host_path(host: str, path: str) -> str:
         return path
     if host.startswith("unix://"):
         return os.path.expanduser(path)
-    raise PatchkitError(f"--hf-cache {path}: the home directory on {host} is not known here; give the absolute path "
-                        "of the Hugging Face cache on that host (e.g. /home/USER/.cache/huggingface)")
+    raise RemoteHomeUnknown(path, host)
 
 
 def _client(host: str):

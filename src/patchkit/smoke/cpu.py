@@ -14,7 +14,6 @@ import json
 import sys
 from pathlib import Path
 
-from patchkit.errors import PatchkitError
 from patchkit.smoke.load_check import SmokeReport, judge
 from patchkit.smoke.quantprobe import (
     SRC,
@@ -22,7 +21,7 @@ from patchkit.smoke.quantprobe import (
     quantprobe,
     run_worker,
 )
-from patchkit.smoke.synthetic_layout import LAYOUTS, TINY_DIMS
+from patchkit.smoke.synthetic_layout import LAYOUTS, TINY_DIMS, NoSyntheticLayout
 
 
 def _job(variant, workdir: Path, exclude_mtp: bool | None = None) -> tuple[dict, dict[str, str]]:
@@ -52,7 +51,7 @@ def build_checkpoints(names: list[str], workdir: Path, modelopt_python: str, tim
     missing = [n for n in names if not (workdir / n / "config.json").exists()]
     for name in missing:
         if name not in LAYOUTS:
-            raise PatchkitError(f"no synthetic layout for variant {name!r}; known: {', '.join(LAYOUTS)}")
+            raise NoSyntheticLayout(name, tuple(LAYOUTS))
     if missing:
         run_worker(modelopt_python, ["pack", str(workdir), *missing], [SRC], timeout)
 

@@ -75,6 +75,15 @@ def switches_of(patches: Iterable[Patch]) -> Switches:
     return Switches(env, frozenset(markers))
 
 
+class ServeCommandIncomplete(PatchkitError):
+    """The serve command of `variant` has `pending` parts it cannot derive without what was not given (the
+    checkpoint's verified config: --checkpoint DIR), so no node is started (exit 2)."""
+
+    def __init__(self, variant: str, pending: tuple[str, ...]):
+        self.variant, self.pending = variant, pending
+        super().__init__(f"the serve command for {variant} is incomplete: {'; '.join(pending)}")
+
+
 @dataclass
 class Receipt:
     variant: str
@@ -155,9 +164,9 @@ def run_smoke(
     node's log is read into the receipt before its container is stopped and removed, whatever ended the
     run (an interrupt too: the cleanup itself is not interruptible by a second Ctrl-C)."""
     if not command.complete:
-        raise PatchkitError(f"the serve command for {variant.name} is incomplete: {'; '.join(command.pending)}")
+        raise ServeCommandIncomplete(variant.name, command.pending)
     if not runners:
-        raise PatchkitError("no host to run on")
+        raise PatchkitError("no host to run on (a patchkit bug: please report it; the command line gives one)")
     started = datetime.now(UTC).isoformat(timespec="seconds")
     head = runners[0]
     # The head's address for the other nodes' NCCL rendezvous: its hostname unless given.

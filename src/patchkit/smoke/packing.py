@@ -90,7 +90,9 @@ def _ct_schemes(mods: list[Linear]) -> dict:
             schemes[m.name] = scheme
             want = "NVFP4-CT" if NVFP4PackedCompressor.can_compress(torch.nn.Linear, scheme) else str(scheme.format)
         if m.fmt != want:
-            raise PatchkitError(f"{m.name}: the layout stores it {m.fmt}, its compressed-tensors config group makes it {want}")
+            raise PatchkitError(f"{m.name}: the layout stores it {m.fmt}, its compressed-tensors config group makes "
+                                f"it {want} (a patchkit bug: please report it; the synthetic layout and its config "
+                                "disagree)")
     return schemes
 
 
@@ -126,4 +128,5 @@ def _quantize(m: Linear, w, scheme=None):
         # What the scheme stores: input_global_scale only with NVFP4 (tensor-group) activations.
         kept = NVFP4PackedCompressor.compression_param_names(scheme)
         return {f"{n}.{k}": v for k, v in packed.items() if k in kept}
-    raise PatchkitError(f"no packing for format {m.fmt!r}")
+    raise PatchkitError(f"no packing for format {m.fmt!r} (a patchkit bug: please report it; the synthetic "
+                        "layouts use only these)")

@@ -84,12 +84,14 @@ def modelopt_config_json(hf_quant: dict) -> dict:
                 a = dict(acts, group_size=gs or 16)
                 group = {"input_activations": a, "weights": dict(weights, group_size=gs or 16)}
             else:
-                raise PatchkitError(f"no config rule for {cfg['quant_algo']}")
+                raise PatchkitError(f"no config rule for {cfg['quant_algo']} (a patchkit bug: please report it; "
+                                    "the synthetic layouts use only these)")
             group["targets"] = sorted(names)
             out["config_groups"][f"group_{idx}"] = group
         out["quantized_layers"] = q["quantized_layers"]
     else:
-        raise PatchkitError(f"no config rule for quant_algo {algo}")
+        raise PatchkitError(f"no config rule for quant_algo {algo} (a patchkit bug: please report it; the "
+                            "synthetic layouts use only these)")
     out["ignore"] = q.get("exclude_modules") or []
     out["quant_algo"] = algo
     if q.get("kv_cache_quant_algo") == "FP8":

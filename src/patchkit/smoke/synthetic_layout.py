@@ -120,6 +120,15 @@ LAYOUTS = {
 }
 
 
+class NoSyntheticLayout(PatchkitError):
+    """The CPU smoke was asked for `variant`, for which it has no tiny checkpoint layout; the `known` ones
+    are LAYOUTS' (exit 2)."""
+
+    def __init__(self, variant: str, known: tuple[str, ...]):
+        self.variant, self.known = variant, known
+        super().__init__(f"no synthetic layout for variant {variant!r}; known: {', '.join(known)}")
+
+
 @dataclass(frozen=True)
 class Linear:
     """A linear module (out, in) stored in `fmt`, or a plain parameter when `dtype` is set."""
@@ -253,4 +262,5 @@ def tensor_headers(module: Linear) -> dict[str, tuple[str, tuple[int, ...]]]:
         }
     if module.fmt == "MXFP8":
         return {f"{n}.weight": ("F8_E4M3", (o, i)), f"{n}.weight_scale": ("U8", (o, i // 32))}
-    raise PatchkitError(f"no storage rule for format {module.fmt!r} ({n})")
+    raise PatchkitError(f"no storage rule for format {module.fmt!r} ({n}) (a patchkit bug: please report it; the "
+                        "synthetic layouts use only these)")

@@ -50,5 +50,5 @@ class CombinedSource(SourceDefaults):
 
 def combine_sources(sources: list[Source]) -> Source:
     if not sources:
-        raise PatchkitError("no source given")
+        raise PatchkitError("no source given (a patchkit bug: please report it; every command asks for one)")
     return sources[0] if len(sources) == 1 else CombinedSource(sources)

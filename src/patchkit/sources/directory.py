@@ -31,6 +31,7 @@ from patchkit.sources.metadata import (
     static_project_version,
     version_py,
 )
+from patchkit.untrusted import UnreadableFile
 
 
 class OutsidePackageRoot(PatchkitError):
@@ -64,7 +65,8 @@ class DirectorySource(SourceDefaults):
         """The real directory of `package`, for writing."""
         check_package(package)
         if package not in self._roots:
-            raise PatchkitError(f"package {package!r} is not in {self.root}")
+            raise PatchkitError(f"package {package!r} is not in {self.root} (a patchkit bug: please report it; "
+                                "its callers ask only for the packages it holds)")
         return self._roots[package]
 
     def read(self, package: str, path: str) -> bytes | None:
@@ -76,7 +78,8 @@ class DirectorySource(SourceDefaults):
         try:
             real = (root / relative).resolve()
         except (OSError, RuntimeError) as error:  # a symlink loop
-            raise PatchkitError(f"cannot resolve {package}/{relative} under {root}: {error}") from error
+            raise NotARegularMember(f"{package}/{relative}", f"a link that does not resolve ({error})",
+                                    str(root)) from error
         if not real.is_relative_to(root):
             raise OutsidePackageRoot(f"{package}/{relative}", real, root)
         if not real.exists():
@@ -86,7 +89,7 @@ class DirectorySource(SourceDefaults):
         try:
             return real.read_bytes()
         except OSError as error:
-            raise PatchkitError(f"cannot read {real}: {error.strerror}") from error
+            raise UnreadableFile(str(real), error.strerror or str(error), error.errno) from error
 
     def distribution_file(self, path: str) -> bytes | None:
         """A file of a checkout beside its packages (e.g. requirements/cuda.txt); None when absent."""

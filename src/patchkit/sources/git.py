@@ -59,10 +59,19 @@ class GitFetchFailed(PatchkitError):
         super().__init__(f"cannot fetch git repository {url}: {detail}")
 
 
+class IncompleteGitSource(PatchkitError):
+    """A git source given without its repository `location` or its `ref` (an empty one; as --git and --ref
+    give them apart; a typed git:PATH_OR_URL@REF is sources.spec's InvalidSourceSpec) (exit 2)."""
+
+    def __init__(self, location: str, ref: str):
+        self.location, self.ref = location, ref
+        super().__init__(f"git source {location}@{ref} needs both a repository and a ref: git:PATH_OR_URL@REF")
+
+
 class GitSource(SourceDefaults):
     def __init__(self, location: str, ref: str, *, cache: ArchiveCache | None = None):
         if not location or not ref:
-            raise PatchkitError(f"git source {location}@{ref} needs both a repository and a ref: git:PATH_OR_URL@REF")
+            raise IncompleteGitSource(location, ref)
         self.location, self.ref = location, ref
         self._repo = (
             _remote_clone(location, ref, cache or ArchiveCache()) if is_remote(location) else _local_repo(location)

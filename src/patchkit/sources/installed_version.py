@@ -26,6 +26,7 @@ import re
 from packaging.version import InvalidVersion, Version
 
 from patchkit.errors import PatchkitError
+from patchkit.sources.base import NotADistribution
 from patchkit.sources.metadata import core_metadata, same_version, version_py
 
 # The module each package writes its own version into (vLLM: setuptools-scm; FlashInfer: its build).
@@ -67,7 +68,7 @@ def metadata_version(text: bytes, path: str) -> str:
     """The `Version` of a METADATA file; a file without one is refused."""
     _, version = core_metadata(text)
     if not version:
-        raise PatchkitError(f"{path} has no Version field")
+        raise NotADistribution(path, "no Version field", "a Version field", "none")
     return version
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from pathlib import Path
 
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -16,6 +17,16 @@ from patchkit.sources.index import IndexFile, UnverifiableArchive, choose_archiv
 from patchkit.sources.metadata import same_distribution, same_version
 from patchkit.sources.sdist import SdistSource
 from patchkit.sources.wheel import WheelSource
+
+
+class ArchiveVanished(PatchkitError):
+    """The `archive` a moment ago verified into the cache (its file name, or "DIST VERSION's archive") is
+    no longer in the cache's downloads folder `cache` (exit 2): another run removed it meanwhile."""
+
+    def __init__(self, archive: str, cache: Path):
+        self.archive, self.cache = archive, cache
+        super().__init__(f"{archive} vanished from the cache {cache} right after it was verified (removed by "
+                         "another run meanwhile?): run again")
 
 
 def fetch_archive(cache: ArchiveCache, dist: str, version: str, choose: Callable[[], IndexFile], *,
@@ -38,7 +49,7 @@ def fetch_archive(cache: ArchiveCache, dist: str, version: str, choose: Callable
             download(file, out, progress=progress)
         cached = cache.lookup(dist, version)
     if cached is None:
-        raise PatchkitError(f"{file.filename} vanished from the cache {cache.downloads} right after its download")
+        raise ArchiveVanished(file.filename, cache.downloads)
     return cached
 
 

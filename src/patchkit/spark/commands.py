@@ -45,6 +45,16 @@ class HostUnreachable(PatchkitError):
         super().__init__(f"{host}: cannot run commands there over ssh: {detail}")
 
 
+class InvalidHost(PatchkitError):
+    """A host given as `url` that is neither `local` nor ssh://[USER@]HOST[:PORT] (`port` None), or whose
+    `port` is not a number (exit 2)."""
+
+    def __init__(self, url: str, port: str | None = None):
+        self.url, self.port = url, port
+        super().__init__(f"host {url!r}: give `local` or ssh://[USER@]HOST[:PORT]" if port is None
+                         else f"host {url!r}: the port {port!r} is not a number")
+
+
 def _bounded(argv: list[str], timeout: float, what: str) -> Output:
     """Run `argv`, reading at most the tool-output limit of what it prints; killed (its whole process
     group) at `timeout`."""
@@ -72,12 +82,12 @@ class SshCommands:
 
     def __init__(self, url: str):
         if not url.startswith("ssh://") or not url[len("ssh://"):]:
-            raise PatchkitError(f"host {url!r}: give `local` or ssh://[USER@]HOST[:PORT]")
+            raise InvalidHost(url)
         self.where = url
         rest = url[len("ssh://"):].rstrip("/")
         dest, _, port = rest.rpartition(":") if ":" in rest.split("@")[-1] else (rest, "", "")
         if port and not port.isdigit():
-            raise PatchkitError(f"host {url!r}: the port {port!r} is not a number")
+            raise InvalidHost(url, port)
         self.dest, self.port = dest, port
 
     def run(self, argv: tuple[str, ...], timeout: float = TIMEOUT_S) -> Output:

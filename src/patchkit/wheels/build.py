@@ -172,7 +172,8 @@ def _write(wheel: VerifiedWheel, out: BinaryIO, version: str, changes: list[File
     changed = {_member(c): c for c in changes}
     missing = set(changed) - set(wheel.members)
     if missing:
-        raise PatchkitError(f"{wheel.path} has no member {min(missing)} (the planner read it elsewhere)")
+        raise PatchkitError(f"{wheel.path} has no member {min(missing)} (the planner read it elsewhere: a patchkit "
+                            "bug, please report it)")
     body = sorted(n for n in wheel.members if not n.startswith(f"{old_info}/"))
     meta = sorted(n.split("/", 1)[1] for n in wheel.members if n.startswith(f"{old_info}/"))
     rows: list[RecordRow] = []

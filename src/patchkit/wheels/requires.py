@@ -106,7 +106,8 @@ def _rewritten(value: str, substitution: Substitution) -> str | None:
             or str(new.marker) != str(requirement.marker) or new.url != requirement.url
             or new.specifier != SpecifierSet(f"=={substitution.substitute}")):
         raise PatchkitError(f"Requires-Dist {value!r:.200}: cannot state {substitution.dist}=="
-                            f"{substitution.substitute} in it and keep the rest as it is")
+                            f"{substitution.substitute} in it and keep the rest as it is (a patchkit bug: please "
+                            "report it; packaging and the rewrite read the header differently)")
     return new_value
 
 

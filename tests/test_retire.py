@@ -25,9 +25,8 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from patchkit.errors import PatchkitError
 from patchkit.patching.patchset import load_patchset
-from patchkit.upstream.retire import assert_only, reads_a_version, verdict, verdicts
+from patchkit.upstream.retire import MisfiledRecord, assert_only, reads_a_version, verdict, verdicts
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "tests" / "data" / "bump" / "run" / "results"
@@ -234,8 +233,13 @@ def test_a_misfiled_or_malformed_record_is_refused(release_033, patches, tmp_pat
     results = Path(shutil.copytree(RESULTS, tmp_path / "results"))
     target = results / "necessity" / "vllm-0.33.0-pool-topk-init.json"
     shutil.copy(results / "necessity" / "vllm-0.33.0-kda-fp32-taps.json", target)
-    with pytest.raises(PatchkitError, match=r"without \['kda-fp32-taps'\], filed as vllm 0\.33\.0 without \['pool-topk-init'\]"):
+    with pytest.raises(MisfiledRecord) as misfiled:
         verdict(patches["pool-topk-init"], "0.33.0", release_033, results)
+    assert (misfiled.value.path, misfiled.value.excluded, misfiled.value.expected_excluded) == (
+        target, ["kda-fp32-taps"], ["pool-topk-init"])
+    out = patchkit("retire", "--release", "0.33.0", "--results", results)
+    assert out.returncode == 2 and "filed as vllm 0.33.0 without ['pool-topk-init']" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
     target.write_text('{"vllm": "0.33.0", "excluded": ["pool-topk-init"], "exitstatus": 1, "tests": {"a": 1}}')
     out = patchkit("retire", "--release", "0.33.0", "--results", results)
     assert out.returncode == 2 and "$.tests" in out.stderr and str(target) in out.stderr

@@ -25,7 +25,6 @@ from patchkit.cli.common import (
     refuse_if_out_of_every_range,
     series_option,
 )
-from patchkit.errors import PatchkitError
 from patchkit.patching import planner, report
 from patchkit.patching.plan_record import check_record, plan_record, status_record
 
@@ -70,7 +69,7 @@ def _open(specs: tuple[str, ...]):
     from patchkit.sources.companion import with_companion
 
     if not specs:
-        raise PatchkitError("give at least one --source")
+        raise click.UsageError("give at least one --source")
     with contextlib.ExitStack() as locks:
         for spec in specs:
             if Path(spec).expanduser().is_dir():

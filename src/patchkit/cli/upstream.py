@@ -25,7 +25,6 @@ import click
 
 from patchkit import CHECKOUT, PINNED_VLLM
 from patchkit.cli.common import assume_option, console, emit, json_option, parse_assumed, patches_option
-from patchkit.errors import PatchkitError
 from patchkit.localfiles import atomic_write
 
 
@@ -94,7 +93,7 @@ def record(patch_id, original, edited, write, assumed, patches_dir, as_json):
     from patchkit.patching.patchset import load_patchset
 
     if original.resolve() == edited.resolve():
-        raise PatchkitError(f"--from and --to are the same directory ({original})")
+        raise click.UsageError(f"--from and --to are the same directory ({original})")
     patch = load_patchset(patches_dir).patch(patch_id)
     recording = rec.record(patch, original, edited, versions=parse_assumed(assumed))
     if write:
@@ -163,7 +162,7 @@ def _release(value: str) -> str:
     try:
         return str(Version(value))
     except InvalidVersion:
-        raise PatchkitError(f"--release {value!r} is not a version (expected e.g. 0.34.0)") from None
+        raise click.BadParameter(f"{value!r} is not a version (expected e.g. 0.34.0)", param_hint="--release") from None
 
 
 @click.command("retire")
@@ -189,7 +188,7 @@ def retire(release, sources, results, patches_dir, as_json):
     source = opened[0] if len(opened) == 1 else combine_sources(opened)
     found = source.versions().get("vllm")
     if found != release:
-        raise PatchkitError(f"--source is vLLM {found or '(none)'}, not the release {release} being measured")
+        raise click.UsageError(f"--source is vLLM {found or '(none)'}, not the release {release} being measured")
     results = results or default_cache_root() / "results"
     found_verdicts = verdicts(load_patchset(patches_dir).series(), release, source, results)
     if as_json:

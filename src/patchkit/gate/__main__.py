@@ -22,7 +22,7 @@ from patchkit.gate import memo
 from patchkit.gate.blame import blame
 from patchkit.gate.compare import compare
 from patchkit.gate.run import build_tree, edited_files, prepare, run_tests, series_for
-from patchkit.gate.selection import SUBSETS, select
+from patchkit.gate.selection import SUBSETS, NothingSelected, select
 from patchkit.sources.cache import ArchiveCache
 
 REPO = Path(__file__).resolve().parents[3]
@@ -67,8 +67,7 @@ def _gate(console: Console, patches_dir: Path, narrow: tuple[str, ...], subset: 
     if narrow:
         selection = selection.narrowed(narrow)
     if not selection.paths:
-        raise PatchkitError(f"no test of vLLM {release} is selected for the series' edits"
-                            f"{' under ' + ', '.join(narrow) if narrow else ''}")
+        raise NothingSelected(release, narrow)
     paths = sorted(selection.paths)
     narrowed = f" (narrowed to {', '.join(narrow)})" if narrow else ""
     console.print(f"vLLM {release}: {len(paths)} test paths for {len(edited)} edited files{narrowed}", soft_wrap=True)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from patchkit.errors import PatchkitError
+
 MODEL_TESTS = "tests/models/glm5next"
 
 # Named subsets for a budget (`--subset`): what CI's 50 minutes hold of the serving area, the parser
@@ -27,6 +29,16 @@ MODEL_TESTS = "tests/models/glm5next"
 SUBSETS: dict[str, tuple[str, ...]] = {
     "ci": ("tests/parser/engine", "tests/entrypoints/openai/chat_completion/test_serving_chat.py"),
 }
+
+
+class NothingSelected(PatchkitError):
+    """No test of vLLM `release` is selected for the series' edits (under `narrow`'s paths, when given):
+    the gate would compare nothing, so it refuses (exit 2)."""
+
+    def __init__(self, release: str, narrow: tuple[str, ...] = ()):
+        self.release, self.narrow = release, narrow
+        super().__init__(f"no test of vLLM {release} is selected for the series' edits"
+                         f"{' under ' + ', '.join(narrow) if narrow else ''}")
 
 
 @dataclass

@@ -68,7 +68,8 @@ class PackagePaths(SourceDefaults):
         """The absolute image path of a package file ('/usr/.../vllm/models/x.py')."""
         name = self._path(package, path)
         if name is None:
-            raise PatchkitError(f"package {package!r} has no path in this image definition")
+            raise PatchkitError(f"package {package!r} has no path in this image definition, yet a change was planned "
+                                "in it (a patchkit bug: please report it)")
         return "/" + name
 
     def bytecode(self, package: str, path: str) -> list[str]:

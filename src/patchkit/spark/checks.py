@@ -51,6 +51,14 @@ NVFP4_KV_CAPS = ("10.0", "10.3", "11.0")  # sm_100f / sm_110f: where the 0.30-0.
 GPU_QUERY = ("nvidia-smi", "--query-gpu=name,compute_cap,driver_version,memory.total", "--format=csv,noheader")
 
 
+class NotAVllmVersion(PatchkitError):
+    """`--vllm`'s `value` is not a PEP 440 version (e.g. 0.34.0): which DeepGEMM check applies depends on it."""
+
+    def __init__(self, value: str):
+        self.value = value
+        super().__init__(f"--vllm {value!r} is not a version (e.g. 0.34.0)")
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
@@ -232,7 +240,7 @@ def check_deep_gemm_nvcc(commands: Commands, image: str | None, vllm: str | None
         if vllm is not None and Version(vllm) < Version(DEEP_GEMM_SILENT_FROM):
             return None
     except InvalidVersion:
-        raise PatchkitError(f"--vllm {vllm!r} is not a version (e.g. 0.34.0)") from None
+        raise NotAVllmVersion(str(vllm)) from None
     argv = _in_image(image, "sh", "-c", DEEP_GEMM_NVCC) if image else ("sh", "-c", DEEP_GEMM_NVCC)
     timeout = IMAGE_TIMEOUT_S if image else TIMEOUT_S
     name = "nvcc (DeepGEMM)"

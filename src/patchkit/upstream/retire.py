@@ -59,6 +59,17 @@ VERSION_FILES = ("_version.py", "version.py")
 VERSION_TEXT = re.compile(r"(?:^|\W)(?:__version__|__version_tuple__|version_tuple|version)\s*[:=]")
 
 
+class MisfiledRecord(PatchkitError):
+    """The run record at `path` is of vllm `vllm` without `excluded`, but is filed as the record of vllm
+    `release` without `expected_excluded`: it is refused, not read as that release's evidence."""
+
+    def __init__(self, path: Path, vllm: str | None, excluded: list[str], release: str, expected_excluded: list[str]):
+        self.path, self.vllm, self.excluded, self.release, self.expected_excluded = (
+            path, vllm, excluded, release, expected_excluded)
+        super().__init__(f"{path}: a record of vllm {vllm} without {excluded or 'nothing'}, "
+                         f"filed as vllm {release} without {expected_excluded or 'nothing'}")
+
+
 class Retirement(StrEnum):
     """What the evidence says of one patch on one release (the value is what --json says)."""
 
@@ -214,8 +225,7 @@ def verdict(patch: Patch, release: str, source: Source | None, results: Path | N
 def _checked(record: RunRecord | None, path: Path, release: str, excluded: list[str]) -> RunRecord | None:
     """A record must be of the release and the exclusion its name says: a misfiled one is refused."""
     if record is not None and (record.vllm != release or sorted(record.excluded) != excluded):
-        raise PatchkitError(f"{path}: a record of vllm {record.vllm} without {record.excluded or 'nothing'}, "
-                            f"filed as vllm {release} without {excluded or 'nothing'}")
+        raise MisfiledRecord(path, record.vllm, list(record.excluded), release, excluded)
     return record
 
 

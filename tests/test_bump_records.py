@@ -227,4 +227,4 @@ def test_a_failed_commands_record_is_the_type_the_reader_reads(tmp_path):
     path.write_text(out.stdout)
     run = load_run("0.34.0", None, retire=path)
     assert run.retire is None
-    assert run.problem("retire") is not None and "the command failed (exit 2, error)" in run.problem("retire")
+    assert run.problem("retire") is not None and "the command failed (exit 2, usage)" in run.problem("retire")

@@ -274,7 +274,7 @@ def test_flashinfer_sparse_mla_at_nope_mla_pads_shapes_fits_gb10(version, topk):
 def test_cli_table_and_json_of_the_pinned_release():
     """From the cache the tests above filled: exit 0, every kernel of both releases judged: the pinned vLLM's
     and the FlashInfer its companion policy names (its pin, or the published release checked in its place)."""
-    out = run_patchkit("verify", "--kernels", "--compile", "--json", timeout=3600, address_space=False)
+    out = run_patchkit("census", "--compile", "--json", timeout=3600, address_space=False)
     assert out.code == 0, out.output[-3000:]
     result = json.loads(out.stdout)
     companion = result["companion"]
@@ -283,7 +283,7 @@ def test_cli_table_and_json_of_the_pinned_release():
     assert {k["version"] for k in result["kernels"] if k["unit"] == "flashinfer-sparse-mla"} == {companion["checked"]}
     assert result["limits"]["smem_per_block"] == GB10_SMEM_OPTIN
     assert {k["unit"] for k in result["kernels"]} == {"vllm-persistent-topk", "flashinfer-sparse-mla"}
-    table = run_patchkit("verify", "--kernels", "--compile", timeout=3600, address_space=False)
+    table = run_patchkit("census", "--compile", timeout=3600, address_space=False)
     # "<512, 4u>" on 0.33.0, "<512, 4u, float>" where the launchers are templated on the logits' type (0.34.0)
     assert table.code == 0 and "persistent_topk_kernel<512, 4u" in table.stdout and "101,376" in table.stdout
 
@@ -292,12 +292,12 @@ def test_cli_table_and_json_of_the_pinned_release():
 def test_cli_of_034_prints_the_bf16_refusal_with_its_evidence_once():
     """From the cache the 0.34.0 test filled: exit 0 (the refusal is off GLM-5.3's path), the evidence in the
     JSON rows and printed once under the table, not once per entry."""
-    out = run_patchkit("verify", "--kernels", "--compile", "--versions", "0.34.0", "--json", timeout=3600,
+    out = run_patchkit("census", "--compile", "--release", "0.34.0", "--json", timeout=3600,
                        address_space=False)
     assert out.code == 0, out.output[-3000:]
     bf16 = [k for k in json.loads(out.stdout)["kernels"] if k["kernel"] == BF16]
     assert len(bf16) == 18 and all(k["ok"] and len(k["evidence"]) == 6 for k in bf16)
-    table = run_patchkit("verify", "--kernels", "--compile", "--versions", "0.34.0", timeout=3600, address_space=False)
+    table = run_patchkit("census", "--compile", "--release", "0.34.0", timeout=3600, address_space=False)
     assert table.code == 0 and table.stdout.count("csrc/topk.cu:41-43: the host refuses it below 131,072 B") == 1
     assert "vllm/models/glm5next/nvidia/sparse_indexer.py:668-699: its decode top-k is handed" in table.stdout
 
@@ -306,10 +306,16 @@ def test_without_nvcc_it_says_so_and_exits_2(tmp_path):
     python_dir = str(Path(shutil.which("python3") or "/usr/bin/python3").parent)
     path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "nvcc").exists())
     assert shutil.which("nvcc", path=path) is None
-    out = run_patchkit("verify", "--kernels", "--compile", env={"PATH": path or python_dir})
+    out = run_patchkit("census", "--compile", env={"PATH": path or python_dir})
     assert_refused(out, "nvcc not found on PATH", "nothing was checked")
 
 
-def test_compile_goes_with_kernels():
-    out = run_patchkit("verify", "--compile")
-    assert out.code == 2 and "--compile goes with --kernels" in out.output
+@pytest.mark.parametrize("args, said", [
+    (["verify", "--compile"], "the kernel census is its own command: patchkit census"),  # where it lived before
+    (["verify", "--kernels", "--versions", "0.34.0"], "the kernel census is its own command: patchkit census"),
+    (["census", "--compile", "--wheel", "x.whl"], "--compile compiles the release's sources: it takes no --wheel"),
+    (["census", "--release", ">=0.33"], "'>=0.33' is not one release's version"),
+])
+def test_census_usage_mistakes_are_exit_2_with_the_way_on(args, said):
+    out = run_patchkit(*args)
+    assert out.code == 2 and said in out.output and "Traceback" not in out.output, out.output

@@ -115,7 +115,7 @@ def test_a_release_that_dropped_sm12x_code_fails_the_census(tmp_path):
     probe_need = type(needs[0])("probe", "glm_probe_kernel", "the probe kernel")
     result = census(_wheel_with(tmp_path, obj), (probe_need,))
     assert not result.ok and set(result.rows[0].targets) == {"sm_100f", "sm_90a"}
-    out = run_patchkit("verify", "--kernels", "--wheel", str(_wheel_with(tmp_path, obj)), "--json")
+    out = run_patchkit("census", "--wheel", str(_wheel_with(tmp_path, obj)), "--json")
     assert out.code == 1 and '"ok": false' in out.stdout  # every required kernel is missing from this wheel
 
 
@@ -134,7 +134,7 @@ def test_a_malformed_extension_is_refused_with_exit_2(tmp_path, damage):
     else:
         data[:4] = b"\0ELF"
     obj.write_bytes(bytes(data))
-    assert_refused(run_patchkit("verify", "--kernels", "--wheel", str(_wheel_with(tmp_path, obj))), "_C_stable_libtorch")
+    assert_refused(run_patchkit("census", "--wheel", str(_wheel_with(tmp_path, obj))), "_C_stable_libtorch")
 
 
 USAGE_KERNEL = """
@@ -186,7 +186,7 @@ def test_flashkda_in_the_0_34_aarch64_wheel_carries_sm_120f_code_gb10_runs(relea
     assert summary is not None and summary["kernels"] == flashkda.loadable["sm_120f"]
     assert 0 < summary["max_registers"] <= 255 and summary["max_static_smem_bytes"] <= 101_376
     assert summary["over_gb10_limits"] == [] and flashkda.ok
-    out = run_patchkit("verify", "--kernels", "--wheel", str(release_0_34_aarch64), "--json", timeout=900)
+    out = run_patchkit("census", "--wheel", str(release_0_34_aarch64), "--json", timeout=900)
     assert out.code == 0, out.output[-2000:]
     assert '"need": "flashkda"' in out.stdout and '"usage_on_sm121"' in out.stdout
 

@@ -547,9 +547,11 @@ def test_with_a_flashinfer_source_its_edits_are_checked_on_every_version(local_i
 
 
 def test_the_kernel_census_reads_one_release():
-    result = verify("--kernels", "--versions", "0.33.0,0.34.0", "--json")
+    from patchkit.cli.main import main
+
+    result = CliRunner().invoke(main, ["census", "--release", "0.33.0,0.34.0", "--json"])
     assert result.exit_code == 2 and json.loads(result.stdout)["error"]["kind"] == "usage"
-    assert "--kernels reads one release: give --versions one version, not '0.33.0,0.34.0'" in result.stderr
+    assert "'0.33.0,0.34.0' is not one release's version" in result.stderr
 
 
 def test_every_planner_state_has_a_cell_state():

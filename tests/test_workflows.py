@@ -314,7 +314,7 @@ def _run_scripts(name: str) -> dict[str, str]:
 
 
 def test_the_bump_job_calls_real_patchkit_commands_and_never_merges(tmp_path, monkeypatch):
-    """Every patchkit invocation of the bump (rebase, upstream, retire, verify, bump body/releases) parses
+    """Every patchkit invocation of the bump (rebase, upstream, retire, verify, census, bump body/releases) parses
     with the real command's options; the pull request is created or edited, never merged."""
     from patchkit.cli.main import main
 
@@ -323,7 +323,7 @@ def test_the_bump_job_calls_real_patchkit_commands_and_never_merges(tmp_path, mo
     calls = [" ".join(line.split()) for script in bump.values()
              for line in re.findall(r"patchkit ((?:[^|>&)\n]|>(?!>|\s))+)", script.replace("\n--", " --"))]
     names = [c.split()[0] + (" " + c.split()[1] if c.startswith("bump ") else "") for c in calls]
-    assert sorted(set(names)) == ["bump body", "bump releases", "rebase", "retire", "upstream", "verify"], calls
+    assert sorted(set(names)) == ["bump body", "bump releases", "census", "rebase", "retire", "upstream", "verify"], calls
     monkeypatch.chdir(tmp_path)  # the files the steps before wrote, for the options that must name one
     for name in ("rebase.json", "retire.json", "verify.json", "kernels.json", "upstream.json", "upstream.diff"):
         (tmp_path / "bump").mkdir(exist_ok=True)

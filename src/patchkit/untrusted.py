@@ -67,7 +67,7 @@ LIMITS = {limit.kind: limit for limit in (
     Limit("github-answer", 4 * MiB, "one GitHub REST API answer (a pull request or issue object, from `gh api` or a recorded "
           "file) for `patchkit upstream`: vLLM's are a few KiB, the body field included"),
     Limit("run-record", 64 * MiB, "a recorded run read by `patchkit retire` and `bump body`: a test run's record "
-          "(tests/release_record.py: ~200 KiB for the whole suite), `rebase`/`verify`/`verify --kernels` --json"),
+          "(tests/release_record.py: ~200 KiB for the whole suite), `rebase`/`verify`/`census` --json"),
     Limit("tool-output", 16 * MiB, "what one host tool prints for `doctor host` (nvidia-smi, nvcc --version, free -b, docker version): a few KiB"),
 )}
 

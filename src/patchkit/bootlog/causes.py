@@ -71,7 +71,7 @@ def _c(name, pattern, sample, what, fix, literal="", files=(), record="", retry_
 # extension unguarded (models/glm5next/{nvidia,common}/kda.py: _resolve_kda_prefill_backend, `import
 # vllm._flashkda_C`); the engine argument that takes the Triton kernel instead (engine/arg_utils.py).
 _KDA_TRITON = ("serve with `--kda-prefill-backend triton` (vLLM's engine argument: KDA prefill on the Triton "
-               "kernel instead of FlashKDA); then check the wheel's FlashKDA code with `patchkit verify --kernels "
+               "kernel instead of FlashKDA); then check the wheel's FlashKDA code with `patchkit census "
                "--platform aarch64 --versions 0.34.0` (sm_120f cubins in vllm/_flashkda_C.abi3.so)")
 _KDA_FILES = ("vllm/models/glm5next/common/kda.py", "vllm/models/glm5next/nvidia/kda.py")  # 0.31.0 on / 0.30.0
 # DeepGEMM's JIT is what the GLM sparse indexer's logits run on (models/glm5next/nvidia/sparse_indexer.py).

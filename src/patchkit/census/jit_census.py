@@ -433,7 +433,7 @@ def _run(argv: list[str], cwd, timeout: float, what: str) -> tuple[int, str]:
 
 
 def census_dict(rows: list[Row], releases: dict) -> dict:
-    """The JSON of `verify --kernels --compile`: every row, the limits it was judged against, ok overall."""
+    """The JSON of `census --compile`: every row, the limits it was judged against, ok overall."""
     return {"ok": bool(rows) and all(r.ok for r in rows), "releases": releases, "archs": list(ARCHS),
             "limits": {"smem_per_block": GB10_SMEM_OPTIN, "registers_per_sm": GB10_REGS_PER_SM,
                        "registers_per_thread": GB10_REGS_PER_THREAD},

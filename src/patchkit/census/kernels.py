@@ -276,7 +276,7 @@ NEEDS = (
 # Compiled at run time on 12.x, so no wheel carries them: the host (wheel path) or image needs CUDA 13's nvcc.
 RUNTIME_COMPILED = (
     ("flashinfer-sparse-mla", "FlashInfer's FLASHINFER_MLA_SPARSE_SM120 module, JIT-compiled by flashinfer-python "
-     "(compiled for sm_121a/sm_120f and checked against GB10's limits by `verify --kernels --compile`)"),
+     "(compiled for sm_121a/sm_120f and checked against GB10's limits by `census --compile`)"),
     ("deep-gemm", "DeepGEMM's kernels, JIT-compiled by vllm/third_party/deep_gemm at first use"),
 )
 
@@ -331,7 +331,7 @@ class Census:
         return msgspec.to_builtins(self.record())
 
 
-# `patchkit verify --kernels --json`, declared once: the census writes it through these and the bump pull
+# `patchkit census --json`, declared once: the census writes it through these and the bump pull
 # request's body reads it back through them (upstream/bump_records.py), so a renamed field is renamed for both.
 class KernelRecord(msgspec.Struct, kw_only=True):
     need: str

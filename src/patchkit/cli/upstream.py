@@ -231,7 +231,7 @@ def _file(name: str, help_text: str):
               help="The test runs' records: vllm-VERSION.json and necessity/vllm-VERSION-*.json.")
 @_file("--retire", "`patchkit retire --release VERSION --json`'s output.")
 @_file("--verify", "`patchkit verify --versions VERSION --json`'s output.")
-@_file("--kernels", "`patchkit verify --kernels --versions VERSION --json`'s output.")
+@_file("--kernels", "`patchkit census --release VERSION --json`'s output.")
 @_file("--upstream", "`patchkit upstream --json`'s output.")
 @_file("--upstream-diff", "The diff of UPSTREAM.md the bump makes (empty: unchanged).")
 @click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None, help="Write here, not to stdout.")

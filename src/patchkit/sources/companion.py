@@ -1,5 +1,5 @@
 """The companion a vLLM release is checked with (FlashInfer today), when the release pins one the index
-never published: one policy, here, for `verify` (the matrix and `--kernels --compile`), `check`/`diff`
+never published: one policy, here, for `verify` (the matrix and `census --compile`), `check`/`diff`
 and `wheel build`. (`build` patches the FlashInfer its base image carries, so it asks no index and needs
 no policy.)
 

@@ -1,7 +1,7 @@
 """One bump run's records, read for the pull request's body (upstream/bump.py): `patchkit rebase --json`
 (the rebased patch.toml, edit by edit), the release's test record and its `patch-necessity` records
 (tests/release_record.py), `patchkit retire --json`, `patchkit verify --json` (the matrix), `patchkit
-verify --kernels --json` (the kernel census), `patchkit upstream --json` (tracked upstream state) and the
+census --json` (the kernel census), `patchkit upstream --json` (tracked upstream state) and the
 diff of UPSTREAM.md.
 
 Each record is read through its producer's own type, declared once beside the code that writes it

@@ -138,6 +138,8 @@ def test_the_quantprobe_worker_is_killed_whole_at_the_timeout(tmp_path, pids):
 
 
 def test_a_quantprobe_worker_that_fails_is_reported_with_its_exit_and_its_stderrs_end(tmp_path):
+    """The worker's interpreter is a hand-written stand-in that fails as a worker does: exit 3 after a long
+    stderr whose end says why."""
     from patchkit.smoke.quantprobe import ERRORS_SHOWN, WorkerFailed, run_worker
 
     python = tmp_path / "python"

@@ -314,8 +314,17 @@ def test_without_nvcc_it_says_so_and_exits_2(tmp_path):
     (["verify", "--compile"], "the kernel census is its own command: patchkit census"),  # where it lived before
     (["verify", "--kernels", "--versions", "0.34.0"], "the kernel census is its own command: patchkit census"),
     (["census", "--compile", "--wheel", "x.whl"], "--compile compiles the release's sources: it takes no --wheel"),
-    (["census", "--release", ">=0.33"], "'>=0.33' is not one release's version"),
+    (["census", "--release", ">=0.33"], "'>=0.33' is not a version (expected one release"),
 ])
 def test_census_usage_mistakes_are_exit_2_with_the_way_on(args, said):
     out = run_patchkit(*args)
     assert out.code == 2 and said in out.output and "Traceback" not in out.output, out.output
+
+
+@pytest.mark.parametrize("args, option", [(["census", "--release", "latest"], "--release"),
+                                          (["retire", "--release", "latest"], "--release"),
+                                          (["bump", "releases", "--newer-than", "latest"], "--newer-than")])
+def test_every_one_release_option_refuses_a_non_version_naming_itself(args, option):
+    """cli.options.one_release is the one check of a release given on the command line."""
+    out = run_patchkit(*args)
+    assert out.code == 2 and f"Invalid value for {option}: 'latest' is not a version" in out.output, out.output

@@ -551,7 +551,7 @@ def test_the_kernel_census_reads_one_release():
 
     result = CliRunner().invoke(main, ["census", "--release", "0.33.0,0.34.0", "--json"])
     assert result.exit_code == 2 and json.loads(result.stdout)["error"]["kind"] == "usage"
-    assert "'0.33.0,0.34.0' is not one release's version" in result.stderr
+    assert "'0.33.0,0.34.0' is not a version (expected one release" in result.stderr
 
 
 def test_every_planner_state_has_a_cell_state():

@@ -13,20 +13,12 @@ import sys
 import click
 
 from patchkit import PINNED_VLLM
-from patchkit.cli.options import json_option
-
-
-def _release(ctx, param, value: str) -> str:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return str(Version(value))
-    except InvalidVersion:
-        raise click.BadParameter(f"{value!r} is not one release's version (e.g. 0.34.0)") from None
+from patchkit.cli.options import json_option, one_release
 
 
 @click.command("census")
-@click.option("--release", default=PINNED_VLLM, show_default=True, metavar="VERSION", callback=_release,
+@click.option("--release", default=PINNED_VLLM, show_default=True, metavar="VERSION",
+              callback=lambda ctx, param, value: one_release(value, "--release"),
               help="The vLLM release whose kernels are counted.")
 @click.option("--platform", "wheel_platform", type=click.Choice(["aarch64", "x86_64"]), default="aarch64",
               show_default=True, help="Whose wheel (a Spark's is aarch64; both carry the same sm_12x set in 0.33.0).")
@@ -90,7 +82,7 @@ def _wheel_census(release: str, platform: str, wheel_file: str | None, as_json: 
     sys.exit(0 if result.ok else 1)
 
 
-def _jit_census(release: str, as_json: bool) -> None:
+def _jit_census(version: str, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -99,7 +91,6 @@ def _jit_census(release: str, as_json: bool) -> None:
     from patchkit.sources.companion import companion_of
     from patchkit.sources.release import open_release
 
-    version = release
     find_nvcc()  # before any download: without nvcc nothing can be checked
     progress = sys.stderr.isatty()
     cache = ArchiveCache()

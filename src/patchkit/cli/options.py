@@ -22,6 +22,18 @@ JSON_MODE = "patchkit.json"  # ctx.meta key: the command was asked for --json (f
 _IMAGES = "patchkit.images"  # ctx.meta key: the --images a --series name is looked up in
 
 
+def one_release(value: str, option: str) -> str:
+    """`value` as one release's PEP 440 version (normalised); click.BadParameter naming `option` (exit 2)
+    when it is not one: a range or a list is refused too."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return str(Version(value))
+    except InvalidVersion:
+        raise click.BadParameter(f"{value!r} is not a version (expected one release, e.g. 0.34.0)",
+                                 param_hint=option) from None
+
+
 def default_dir(name: str, env: str) -> Path:
     """patches/ and images/ of this checkout, overridable for installed copies and tests."""
     if os.environ.get(env):

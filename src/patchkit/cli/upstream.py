@@ -25,6 +25,7 @@ import click
 
 from patchkit import CHECKOUT, PINNED_VLLM
 from patchkit.cli.common import assume_option, console, emit, json_option, parse_assumed, patches_option
+from patchkit.cli.options import one_release
 from patchkit.localfiles import atomic_write
 
 
@@ -156,15 +157,6 @@ def upstream(write, answers, record_to, gh, patch_ids, patches_dir, as_json):
         console.print("no upstream change tracked: " + ", ".join(untracked), markup=False, highlight=False)
 
 
-def _release(value: str) -> str:
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return str(Version(value))
-    except InvalidVersion:
-        raise click.BadParameter(f"{value!r} is not a version (expected e.g. 0.34.0)", param_hint="--release") from None
-
-
 @click.command("retire")
 @click.option("--release", required=True, metavar="VERSION", help="The vLLM release to measure the patches on.")
 @click.option("--source", "sources", multiple=True, metavar="SRC",
@@ -183,7 +175,7 @@ def retire(release, sources, results, patches_dir, as_json):
     from patchkit.sources import combine_sources
     from patchkit.upstream.retire import RetireRecord, verdicts
 
-    release = _release(release)
+    release = one_release(release, "--release")
     opened = [_open(s) for s in (sources or (f"vllm=={release}",))]
     source = opened[0] if len(opened) == 1 else combine_sources(opened)
     found = source.versions().get("vllm")
@@ -214,7 +206,7 @@ def bump_releases(newer_than):
 
     from patchkit.sources.index import discover_releases
 
-    found = discover_releases("vllm", SpecifierSet(f">{_release(newer_than)}"))
+    found = discover_releases("vllm", SpecifierSet(f">{one_release(newer_than, '--newer-than')}"))
     click.echo(json.dumps([str(v) for v in found]))
 
 
@@ -241,7 +233,7 @@ def bump_body(release, rebase_json, results, retire, verify, kernels, upstream, 
     body, not an exit: the body is written whatever the run produced."""
     from patchkit.upstream.bump import body, load_run
 
-    run = load_run(_release(release), rebase_json, results=results, retire=retire, verify=verify, kernels=kernels,
+    run = load_run(one_release(release, "--release"), rebase_json, results=results, retire=retire, verify=verify, kernels=kernels,
                    upstream=upstream, upstream_diff=upstream_diff)
     text = body(run)
     if output:
